@@ -1,0 +1,73 @@
+"""Typed errors a user of Orchard can catch. Each message says what happened and what to do."""
+
+from __future__ import annotations
+
+
+class OrchardError(Exception):
+    """Base of every error Orchard raises on purpose."""
+
+    code = "error"
+    status = 500
+
+
+class InvalidRequest(OrchardError):
+    """The request itself is wrong (bad spec, negative timeout, missing rootfs, ...). Nothing was changed."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class AuthError(OrchardError):
+    """The API key or sandbox token was missing or wrong."""
+
+    code = "unauthorized"
+    status = 401
+
+
+class NotFound(OrchardError):
+    """A sandbox, session or path does not exist."""
+
+    code = "not_found"
+    status = 404
+
+
+class SandboxNotFound(NotFound):
+    code = "sandbox_not_found"
+
+
+class PayloadTooLarge(OrchardError):
+    code = "too_large"
+    status = 413
+
+
+class ExecTimeout(OrchardError):
+    """A command ran past its timeout; its whole process group was killed."""
+
+    code = "exec_timeout"
+    status = 408
+
+
+class SandboxLost(OrchardError):
+    """The sandbox died or vanished underneath (killed, evicted, TTL expired, agent unreachable)."""
+
+    code = "sandbox_lost"
+    status = 410
+
+
+class BackendError(OrchardError):
+    """The backend could not do what was asked (e.g. bubblewrap missing, cluster unreachable)."""
+
+    code = "backend_error"
+    status = 503
+
+
+ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
+    cls.code: cls
+    for cls in (OrchardError, InvalidRequest, AuthError, NotFound, SandboxNotFound, PayloadTooLarge,
+                ExecTimeout, SandboxLost, BackendError)
+}
+
+
+def error_from_code(code: str, message: str) -> OrchardError:
+    """Rebuild a typed error from a wire `{"error": code, "message": ...}` body."""
+    return ERRORS_BY_CODE.get(code, OrchardError)(message)

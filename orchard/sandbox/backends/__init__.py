@@ -1,0 +1,1 @@
+"""Sandbox backends, selected by name (see `registry.py`)."""
