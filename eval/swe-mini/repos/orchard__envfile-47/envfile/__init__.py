@@ -1,0 +1,3 @@
+from .dotenv import dumps, loads
+
+__all__ = ["dumps", "loads"]

@@ -1,0 +1,3 @@
+from .slugs import slugify, unique_slug
+
+__all__ = ["slugify", "unique_slug"]

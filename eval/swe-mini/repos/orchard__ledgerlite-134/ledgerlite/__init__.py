@@ -1,0 +1,3 @@
+from .money import format_amount, parse_amount, split_evenly
+
+__all__ = ["format_amount", "parse_amount", "split_evenly"]

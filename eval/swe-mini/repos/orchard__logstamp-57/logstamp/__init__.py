@@ -1,0 +1,3 @@
+from .parse import parse_offset, parse_timestamp, to_utc
+
+__all__ = ["parse_offset", "parse_timestamp", "to_utc"]

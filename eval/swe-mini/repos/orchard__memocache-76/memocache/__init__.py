@@ -1,0 +1,3 @@
+from .lru import LRUCache, memoize
+
+__all__ = ["LRUCache", "memoize"]

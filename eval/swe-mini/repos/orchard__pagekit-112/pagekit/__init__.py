@@ -1,0 +1,3 @@
+from .paginator import Page, PageOutOfRange, paginate
+
+__all__ = ["Page", "PageOutOfRange", "paginate"]

@@ -1,0 +1,3 @@
+from .request import Request
+
+__all__ = ["Request"]

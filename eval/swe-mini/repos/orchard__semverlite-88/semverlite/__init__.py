@@ -1,0 +1,3 @@
+from .version import Version
+
+__all__ = ["Version"]
