@@ -61,10 +61,17 @@ class BackendError(OrchardError):
     status = 503
 
 
+class PluginError(OrchardError):
+    """An installed plugin (e.g. a harness found by entry point) failed to load or is not what it claims."""
+
+    code = "plugin_error"
+    status = 500
+
+
 ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
     cls.code: cls
     for cls in (OrchardError, InvalidRequest, AuthError, NotFound, SandboxNotFound, PayloadTooLarge,
-                ExecTimeout, SandboxLost, BackendError)
+                ExecTimeout, SandboxLost, BackendError, PluginError)
 }
 
 

@@ -1,0 +1,166 @@
+"""A task: the instruction an agent gets, the environment it works in, and how its work is graded.
+
+Harnesses read `instruction` and `environment`; the grader spec and metadata are for the evaluator (a
+SWE task's grader holds the tests and the reference patch, which the agent must never see)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from orchard.core.sandbox import NetworkPolicy, SandboxSpec
+
+SWEBENCH_WORKDIR = "/testbed"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskFile(_Strict):
+    """A file placed in the sandbox before the agent starts."""
+
+    path: str = Field(min_length=1, description="absolute, or relative to the environment's workdir")
+    content: str
+    encoding: Literal["utf-8", "base64"] = Field(default="utf-8", description="base64 for binary content")
+    mode: int | None = Field(default=None, ge=0, le=0o7777, description="e.g. 0o755 for a script")
+
+    @model_validator(mode="after")
+    def _decodable(self) -> TaskFile:
+        if self.encoding == "base64":
+            try:
+                base64.b64decode(self.content, validate=True)
+            except binascii.Error as exc:
+                raise ValueError(f"{self.path}: content is not valid base64: {exc}") from None
+        return self
+
+    def data(self) -> bytes:
+        return base64.b64decode(self.content) if self.encoding == "base64" else self.content.encode()
+
+
+class TaskEnvironment(_Strict):
+    """Where the agent works: the sandbox image and what is done in it before the agent starts (files
+    placed first, then `setup` commands run in order in `workdir`; a failing command fails the task's
+    setup, which is an error, not a failed attempt)."""
+
+    image: str = Field(default="host", description="backend image reference (see SandboxSpec.image)")
+    workdir: str = "/workspace"
+    env: dict[str, str] = Field(default_factory=dict)
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    files: list[TaskFile] = Field(default_factory=list)
+    setup: list[str] = Field(default_factory=list, description="shell commands")
+    setup_timeout_s: float = Field(default=600, gt=0, description="per setup command")
+
+    def sandbox_spec(self, **overrides: Any) -> SandboxSpec:
+        """The SandboxSpec for this environment; `overrides` (cpu, memory_mb, timeout_s, ...) win."""
+        fields = {"image": self.image, "workdir": self.workdir, "env": dict(self.env),
+                  "network": self.network.model_copy()}
+        fields.update(overrides)
+        return SandboxSpec(**fields)
+
+
+class SWETestsGrader(_Strict):
+    """SWE-bench style: apply `test_patch` to the agent's working tree, run the tests; resolved when every
+    FAIL_TO_PASS test passes and every PASS_TO_PASS test still does."""
+
+    kind: Literal["swe_tests"] = "swe_tests"
+    repo: str
+    version: str = Field(description="selects the test command for repos whose command depends on it")
+    test_patch: str
+    fail_to_pass: list[str]
+    pass_to_pass: list[str] = Field(default_factory=list)
+    test_command: str | None = Field(default=None, description="None: the evaluator's default for repo+version")
+    reference_patch: str | None = Field(default=None, description="the gold patch, to validate the pipeline")
+    timeout_s: float = Field(default=1800, gt=0)
+
+
+class ScriptGrader(_Strict):
+    """Run `script` (shell) in the sandbox after the agent finishes: resolved when it exits 0. The reward is
+    the number in `reward_file` (a path in the sandbox) when given, else 1.0 if resolved and 0.0 if not."""
+
+    kind: Literal["script"] = "script"
+    script: str = Field(min_length=1)
+    reward_file: str | None = None
+    timeout_s: float = Field(default=600, gt=0)
+
+
+GraderSpec = Annotated[SWETestsGrader | ScriptGrader, Field(discriminator="kind")]
+
+
+class SWEBenchInstance(BaseModel):
+    """One SWE-bench instance, as the dataset has it. FAIL_TO_PASS / PASS_TO_PASS are lists; the JSON-string
+    encoding the dataset uses is accepted too. Fields of dataset variants (e.g. Verified's `difficulty`)
+    are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    repo: str
+    instance_id: str = Field(min_length=1)
+    base_commit: str
+    patch: str = ""
+    test_patch: str
+    problem_statement: str
+    hints_text: str = ""
+    version: str
+    FAIL_TO_PASS: list[str]
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    environment_setup_commit: str | None = None
+    created_at: str | None = None
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _json_string_list(cls, value: Any, info) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(f"{info.field_name} is a string but not a JSON list: {value[:80]!r}") from None
+        return value
+
+    @field_validator("created_at", mode="before")
+    @classmethod
+    def _timestamp_text(cls, value: Any) -> Any:
+        return value.isoformat() if isinstance(value, datetime) else value
+
+    @property
+    def image(self) -> str:
+        """The official SWE-bench evaluation image (Docker Hub forbids `__`, SWE-bench writes `_1776_`)."""
+        return f"swebench/sweb.eval.x86_64.{self.instance_id.replace('__', '_1776_').lower()}:latest"
+
+
+class Task(_Strict):
+    id: str = Field(min_length=1)
+    instruction: str
+    environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
+    grader: GraderSpec | None = Field(default=None, description="None: not graded (e.g. data collection)")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _printable_id(cls, value: str) -> str:
+        if value != value.strip() or any(ch.isspace() for ch in value):
+            raise ValueError(f"task id {value!r} must not contain whitespace")
+        return value
+
+    @classmethod
+    def from_swebench(cls, instance: SWEBenchInstance | dict[str, Any], *, image: str | None = None,
+                      include_hints: bool = False) -> Task:
+        """A task from a SWE-bench instance, run in its official image (or `image`) at /testbed, where the
+        repository is checked out at `base_commit`. Hints are left out by default, as SWE-bench does."""
+        inst = instance if isinstance(instance, SWEBenchInstance) else SWEBenchInstance.model_validate(instance)
+        instruction = inst.problem_statement
+        if include_hints and inst.hints_text.strip():
+            instruction += f"\n\nHints:\n{inst.hints_text}"
+        grader = SWETestsGrader(repo=inst.repo, version=inst.version, test_patch=inst.test_patch,
+                                fail_to_pass=inst.FAIL_TO_PASS, pass_to_pass=inst.PASS_TO_PASS,
+                                reference_patch=inst.patch or None)
+        # The record minus what the grader holds: patches must not reach the agent through metadata.
+        record = inst.model_dump(exclude={"patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"})
+        return cls(id=inst.instance_id, instruction=instruction,
+                   environment=TaskEnvironment(image=image or inst.image, workdir=SWEBENCH_WORKDIR),
+                   grader=grader, metadata={"swebench": record})
