@@ -1,0 +1,164 @@
+"""Directory trees as tar streams with flat memory, for the agent client's `upload` / `download`.
+
+`tarfile` is blocking, so it runs in a worker thread on one end of an OS pipe while the event loop reads or
+writes the other end. At most a pipe's worth (≤ 1 MiB) plus one chunk is in flight, whatever the tree's
+size. Closing either end unblocks the other side (EOF or EPIPE), so an abandoned transfer never strands a
+thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import shutil
+import tarfile
+import threading
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+CHUNK = 1 << 20
+_PIPE_SIZE = 1 << 20  # the unprivileged maximum on Linux (/proc/sys/fs/pipe-max-size)
+
+
+async def directory_tar_chunks(local_dir: Path) -> AsyncIterator[bytes]:
+    """Yield a tar stream of `local_dir`'s contents (member names relative to it; symlinks kept as links,
+    empty directories kept). A file that cannot be read surfaces as the worker's OSError."""
+
+    def write_tar(pipe_w: int) -> None:
+        with open(pipe_w, "wb", closefd=False) as sink, \
+                tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for name in sorted(os.listdir(local_dir)):
+                tar.add(os.path.join(local_dir, name), arcname=name)
+
+    read_end, write_end = _pipe()
+    os.set_blocking(read_end, False)
+    done = _start_worker(write_tar, write_end)
+    try:
+        while chunk := await _read_some(read_end, CHUNK):
+            yield chunk
+        await done
+    finally:
+        os.close(read_end)  # a producer still writing gets EPIPE and stops
+        await _settled(done)
+
+
+async def extract_tar_chunks(chunks: AsyncIterator[bytes], dest: Path) -> None:
+    """Extract a tar stream into the existing directory `dest`. Members that would land outside `dest`
+    (absolute paths, `..`, links pointing out) or special files raise `tarfile.FilterError`."""
+    if not hasattr(tarfile, "data_filter"):
+        raise RuntimeError("extracting a directory safely needs Python >= 3.11.4 (tarfile's data filter)")
+
+    def extract(pipe_r: int) -> None:
+        with open(pipe_r, "rb", closefd=False) as source, tarfile.open(fileobj=source, mode="r|") as tar:
+            tar.extractall(dest, filter="data")
+
+    read_end, write_end = _pipe()
+    os.set_blocking(write_end, False)
+    done = _start_worker(extract, read_end)
+    write_open = True
+    try:
+        try:
+            async for chunk in chunks:
+                await _write_all(write_end, chunk)
+        except BrokenPipeError:
+            # The worker stopped reading: either the archive ended (trailing padding left) or it failed.
+            await _settled(done)
+            if done.exception() is None:
+                async for _ in chunks:  # drain the rest so the HTTP connection stays reusable
+                    pass
+        os.close(write_end)
+        write_open = False
+        await done
+    finally:
+        if write_open:
+            os.close(write_end)  # the worker reads EOF and stops
+        await _settled(done)
+
+
+def place_tree(src: Path, dest: Path) -> None:
+    """Move the finished tree `src` to `dest`: a rename when `dest` is absent, otherwise a merge where
+    `src`'s entries replace those of the same name (directories are merged recursively)."""
+    if not os.path.lexists(dest):
+        os.rename(src, dest)
+        return
+    for name in os.listdir(src):
+        s, d = os.path.join(src, name), os.path.join(dest, name)
+        if _is_real_dir(s) and _is_real_dir(d):
+            place_tree(Path(s), Path(d))
+            continue
+        if _is_real_dir(d):
+            shutil.rmtree(d)
+        elif _is_real_dir(s) and os.path.lexists(d):
+            os.unlink(d)
+        os.replace(s, d)  # a file or link over a file or link: atomic
+
+
+def _is_real_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _pipe() -> tuple[int, int]:
+    read_end, write_end = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):  # a bigger pipe means fewer loop wake-ups
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+    return read_end, write_end
+
+
+def _start_worker(fn: Callable[[int], None], fd: int) -> asyncio.Future:
+    """Run `fn(fd)` in a daemon thread that closes `fd` when done; the future settles with its outcome."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(exc: BaseException | None) -> None:
+        if not done.done():
+            done.set_exception(exc) if exc is not None else done.set_result(None)
+
+    def target() -> None:
+        outcome: BaseException | None = None
+        try:
+            fn(fd)
+        except BaseException as exc:  # handed to the event loop side, which raises it
+            outcome = exc
+        finally:
+            os.close(fd)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting any more
+            loop.call_soon_threadsafe(settle, outcome)
+
+    threading.Thread(target=target, name="orchard-tar-stream", daemon=True).start()
+    return done
+
+
+async def _settled(done: asyncio.Future) -> None:
+    """Wait for the worker to finish, without raising its error (the caller decides what to raise)."""
+    await asyncio.wait([done])
+    if not done.cancelled():
+        done.exception()  # mark it retrieved
+
+
+async def _read_some(fd: int, n: int) -> bytes:
+    while True:
+        try:
+            return os.read(fd, n)
+        except BlockingIOError:
+            await _fd_ready(fd, writable=False)
+
+
+async def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            await _fd_ready(fd, writable=True)
+
+
+async def _fd_ready(fd: int, *, writable: bool) -> None:
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    add, remove = (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
+    add(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        remove(fd)
