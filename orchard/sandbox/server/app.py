@@ -1,0 +1,110 @@
+"""The orchestrator's REST API (FastAPI): sandbox lifecycle only. Clients run commands and move files by
+talking to each sandbox's agent directly, at the `agent_url` with the `token` returned here."""
+
+from __future__ import annotations
+
+import hmac
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from orchard import __version__
+from orchard.core.errors import AuthError, InvalidRequest
+from orchard.core.sandbox import SandboxInfo, SandboxSpec
+from orchard.sandbox.server.http_errors import ERROR_RESPONSES, install_error_handlers
+from orchard.sandbox.server.limits import MIB, BodySizeLimit
+from orchard.sandbox.server.models import Health, SandboxList
+from orchard.sandbox.server.service import ACTIVE_STATES, SandboxService
+
+DEFAULT_KEY_NAME = "default"
+
+
+def create_app(service: SandboxService, api_key: str, *, key_name: str = DEFAULT_KEY_NAME,
+               max_body_bytes: int = MIB) -> FastAPI:
+    """The app starts the service (reconcile, reaper) when it starts and stops it, leaving the sandboxes
+    running for the next start, when it stops. `key_name` is the owner of sandboxes created with the key."""
+    if not api_key:
+        raise InvalidRequest("an API key is required to serve the sandbox API; pass a non-empty key")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="Orchard Env", version=__version__, lifespan=lifespan,
+                  description="Create, find, keep alive and delete sandboxes. Exec and files go straight to "
+                              "each sandbox's agent at `agent_url`, with its `token`.")
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    install_error_handlers(app)
+
+    bearer = HTTPBearer(auto_error=False, description="the orchestrator's API key")
+    expected = api_key.encode()
+
+    async def require_api_key(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise AuthError("missing API key: send the header 'Authorization: Bearer <api key>'")
+        if not hmac.compare_digest(credentials.credentials.encode(), expected):
+            raise AuthError("wrong API key: check the key the orchestrator was started with")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES,
+                   tags=["sandboxes"])
+
+    @v1.post("/sandboxes", status_code=201, response_model=SandboxInfo)
+    async def create_sandbox(spec: SandboxSpec, owner: str | None = Query(
+            default=None, max_length=200,
+            description=f"owner to record; default: the API key's name ({key_name!r})")) -> SandboxInfo:
+        """Create a sandbox; returns once it is ready, with its `agent_url` and `token`."""
+        return await service.create(spec, owner=owner or key_name)
+
+    @v1.get("/sandboxes", response_model=SandboxList)
+    async def list_sandboxes(
+            owner: str | None = Query(default=None, description="only this owner's sandboxes"),
+            label: list[str] = Query(default=[], description="KEY=VALUE; repeat to require several"),
+    ) -> SandboxList:
+        """Sandboxes that are not deleted (lost ones included), oldest first."""
+        return SandboxList(sandboxes=await service.list(owner=owner, labels=_parse_labels(label)))
+
+    @v1.get("/sandboxes/{sandbox_id}", response_model=SandboxInfo)
+    async def get_sandbox(sandbox_id: str) -> SandboxInfo:
+        """A sandbox, also after it was deleted or lost (for a while): `state` and `error` say what happened."""
+        return await service.get(sandbox_id)
+
+    @v1.post("/sandboxes/{sandbox_id}/wait", response_model=SandboxInfo)
+    async def wait_sandbox(sandbox_id: str, timeout: float = Query(default=60, gt=0, le=3600)) -> SandboxInfo:
+        """Return once the sandbox is ready; 410 if it was deleted or lost."""
+        return await service.wait_ready(sandbox_id, timeout=timeout)
+
+    @v1.post("/sandboxes/{sandbox_id}/heartbeat", response_model=SandboxInfo)
+    async def heartbeat_sandbox(sandbox_id: str) -> SandboxInfo:
+        """Keep a sandbox with `heartbeat_timeout_s` alive."""
+        return await service.heartbeat(sandbox_id)
+
+    @v1.delete("/sandboxes/{sandbox_id}", status_code=204, response_class=Response)
+    async def delete_sandbox(sandbox_id: str) -> Response:
+        """Delete a sandbox and everything it made; deleting it again does nothing."""
+        await service.delete(sandbox_id)
+        return Response(status_code=204)
+
+    app.include_router(v1)
+
+    @app.get("/healthz", response_model=Health, tags=["health"])
+    async def healthz() -> Health:
+        """Liveness, without authentication."""
+        return Health(backend=service.backend.name, sandboxes=service.store.count(states=ACTIVE_STATES))
+
+    return app
+
+
+def _parse_labels(filters: list[str]) -> dict[str, str]:
+    labels = {}
+    for item in filters:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"label filter {item!r} must look like KEY=VALUE")
+        labels[key] = value
+    return labels

@@ -1,0 +1,39 @@
+"""`serve`: run the orchestrator's REST API with uvicorn (what `orchard serve` calls)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from orchard.core.errors import InvalidRequest
+from orchard.sandbox.backends.registry import create_backend
+from orchard.sandbox.server.app import create_app
+from orchard.sandbox.server.home import backend_options, resolve_home, state_db_path
+from orchard.sandbox.server.service import SandboxService
+from orchard.sandbox.server.store import SandboxStore
+
+
+def serve(host: str = "127.0.0.1", port: int = 8700, backend_name: str = "local", api_key: str | None = None,
+          home: str | Path | None = None, *, reap_interval_s: float = 2.0, log_level: str = "info") -> None:
+    """Serve until SIGINT/SIGTERM. State lives under `home` (default `$ORCHARD_HOME`, else `~/.orchard`);
+    sandboxes outlive the server and are re-adopted by the next one on the same home."""
+    if not api_key:
+        raise InvalidRequest("an API key is required: clients must send 'Authorization: Bearer <api key>'")
+    _log_to_stderr(log_level)
+    home = resolve_home(home)
+    backend = create_backend(backend_name, **backend_options(backend_name, home))
+    service = SandboxService(backend, SandboxStore(state_db_path(home)), reap_interval_s=reap_interval_s)
+    app = create_app(service, api_key)
+    uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10)
+
+
+def _log_to_stderr(level: str) -> None:
+    """uvicorn configures only its own loggers; show the orchestrator's (reconcile, reaping) the same way."""
+    logger = logging.getLogger("orchard")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())

@@ -1,0 +1,65 @@
+"""Pydantic models of the orchestrator: what it persists and what its REST API returns besides
+`SandboxInfo` (which lives in orchard/core)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from orchard.core.sandbox import SandboxInfo
+from orchard.sandbox.backends.base import BackendSandbox
+
+# States after which a sandbox never runs again; such rows are kept a while so that clients learn why.
+TERMINAL_STATES = frozenset({"deleted", "lost"})
+
+
+class SandboxRecord(BaseModel):
+    """One row of the store: the public info, the backend's private handle (None until the backend made
+    the sandbox) and the id of the service instance that is responsible for it."""
+
+    info: SandboxInfo
+    backend: BackendSandbox | None = None
+    service_id: str
+    finished_at: float | None = Field(default=None, description="when it became deleted or lost")
+
+
+class ServiceRecord(BaseModel):
+    """A running orchestrator instance sharing the store. Several may (an `orchard serve` and scripts using
+    the embedded SDK on the same home); each only manages its own sandboxes and takes over those of dead
+    instances."""
+
+    id: str
+    host: str
+    pid: int
+    pid_start: str | None = Field(default=None, description="process start time, guards against pid reuse")
+    last_seen: float
+    ephemeral: bool = Field(default=False, description="its sandboxes die with it (the embedded SDK): when "
+                                                       "it died, they are deleted rather than adopted")
+    stopped: bool = Field(default=False, description="stopped, leaving sandboxes for another instance")
+
+
+class ReconcileReport(BaseModel):
+    """What `reconcile` did with the sandboxes it found after a (re)start."""
+
+    adopted: list[str] = Field(default_factory=list, description="still running: kept and served again")
+    orphans_removed: list[str] = Field(
+        default_factory=list,
+        description="running but unknown to the store, or whose creation was interrupted: deleted")
+    lost: list[str] = Field(default_factory=list, description="known but no longer running: marked lost")
+    expired: list[str] = Field(default_factory=list, description="TTL passed while nobody watched: deleted")
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxInfo]
+
+
+class Health(BaseModel):
+    status: str = "ok"
+    backend: str
+    sandboxes: int = Field(description="sandboxes that are creating, ready or being deleted")
+
+
+class ErrorBody(BaseModel):
+    """Body of every error response."""
+
+    error: str = Field(description="a code from orchard/core/errors.py, e.g. sandbox_not_found")
+    message: str
