@@ -1,0 +1,92 @@
+"""Start the agent: `python -m orchard_agent --listen unix:PATH|tcp:HOST:PORT [--workdir DIR]`.
+
+The token comes from ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN; both, and the
+PYTHONHOME/PYTHONPATH the agent was started with, are removed from the environment its children get. Once
+listening it prints `READY <address>` (with the bound port for tcp:...:0) and nothing else on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from .server import make_server
+from .wire import AgentContext
+
+SCRUBBED_ENV = ("ORCHARD_AGENT_TOKEN", "ORCHARD_AGENT_TOKEN_FILE", "PYTHONHOME", "PYTHONPATH")
+DEFAULT_MAX_BODY = 4 << 30
+DEFAULT_MAX_JSON = 16 << 20
+
+
+def _fail(message: str):
+    sys.stderr.write("orchard-agent: %s\n" % message)
+    sys.exit(2)
+
+
+def _read_token() -> str:
+    path = os.environ.get("ORCHARD_AGENT_TOKEN_FILE")
+    if path:
+        try:
+            with open(path) as f:
+                token = f.read().strip()
+        except OSError as exc:
+            _fail("cannot read the token file ORCHARD_AGENT_TOKEN_FILE=%s: %s" % (path, exc.strerror))
+    else:
+        token = (os.environ.get("ORCHARD_AGENT_TOKEN") or "").strip()
+    if not token:
+        _fail("no token: set ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN; "
+              "the agent refuses to serve without one")
+    return token
+
+
+def _size_from_env(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        _fail("%s must be a positive number of bytes, not %r" % (name, text))
+    return value
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="orchard_agent", description="Orchard's in-sandbox agent")
+    parser.add_argument("--listen", required=True, help="unix:PATH or tcp:HOST:PORT (port 0: any free one)")
+    parser.add_argument("--workdir", default=None, help="default cwd for commands and relative paths")
+    args = parser.parse_args(argv)
+
+    token = _read_token()
+    for name in SCRUBBED_ENV:
+        os.environ.pop(name, None)
+    workdir = os.path.abspath(args.workdir or os.getcwd())
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as exc:
+        _fail("cannot create the workdir %s: %s" % (workdir, exc.strerror))
+    context = AgentContext(token, workdir, dict(os.environ),
+                           max_body=_size_from_env("ORCHARD_AGENT_MAX_BODY", DEFAULT_MAX_BODY),
+                           max_json=_size_from_env("ORCHARD_AGENT_MAX_JSON", DEFAULT_MAX_JSON))
+    try:
+        server = make_server(args.listen, context)
+    except (ValueError, OSError) as exc:
+        _fail("cannot listen on %s: %s" % (args.listen, exc))
+
+    # SIGTERM ends serve_forever through SystemExit, so the finally below still cleans up.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        sys.stdout.write("READY %s\n" % server.address_text)
+        sys.stdout.flush()
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        context.sessions.close_all()
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
