@@ -1,0 +1,198 @@
+"""Control planes the SDK talks to for sandbox lifecycle: the orchestrator running in this process
+(`EmbeddedControlPlane`, the default with no server URL) or a deployed one over REST
+(`RemoteControlPlane`). Both return the same `SandboxInfo`s and raise the same typed errors, so the SDK
+above them does not care which one it has. Exec and files never pass through here: they go straight to
+the sandbox's agent."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Protocol, TypeVar
+from urllib.parse import quote, urlsplit
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from orchard.core.errors import (AuthError, BackendError, InvalidRequest, NotFound, OrchardError,
+                                 PayloadTooLarge, SandboxLost, error_from_code)
+from orchard.core.sandbox import SandboxInfo, SandboxSpec
+
+
+class ControlPlane(Protocol):
+    """Sandbox lifecycle, wherever the orchestrator runs."""
+
+    description: str
+
+    async def create(self, spec: SandboxSpec) -> SandboxInfo: ...
+    async def get(self, sandbox_id: str) -> SandboxInfo: ...
+    async def list(self, *, owner: str | None = None,
+                   labels: dict[str, str] | None = None) -> list[SandboxInfo]: ...
+    async def wait_ready(self, sandbox_id: str, timeout: float = 60) -> SandboxInfo: ...
+    async def heartbeat(self, sandbox_id: str) -> SandboxInfo: ...
+    async def delete(self, sandbox_id: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+class EmbeddedControlPlane:
+    """The orchestrator in this process, on the local backend, with its state under `home`
+    ($ORCHARD_HOME, default ~/.orchard). Started on first use; `close` deletes every sandbox it runs,
+    because nothing would be left to reap them once this process is gone."""
+
+    description = "embedded (in-process, local backend)"
+
+    def __init__(self, home: str | Path | None = None) -> None:
+        self.home = Path(home) if home is not None else None
+        self._service = None
+        self._start_lock: asyncio.Lock | None = None
+        self._closed = False
+
+    async def _started(self):
+        if self._closed:
+            raise InvalidRequest("this Orchard client is closed; make a new one to create sandboxes")
+        if self._service is not None:
+            return self._service
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._service is None:
+                # Imported here so that a remote-only client never loads the server and backend code.
+                from orchard.sandbox.server.service import SandboxService
+
+                service = SandboxService.embedded(self.home)
+                await service.start()
+                self._service = service
+        return self._service
+
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        return await (await self._started()).create(spec)
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        return await (await self._started()).get(sandbox_id)
+
+    async def list(self, *, owner: str | None = None,
+                   labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        return await (await self._started()).list(owner=owner, labels=labels)
+
+    async def wait_ready(self, sandbox_id: str, timeout: float = 60) -> SandboxInfo:
+        return await (await self._started()).wait_ready(sandbox_id, timeout)
+
+    async def heartbeat(self, sandbox_id: str) -> SandboxInfo:
+        return await (await self._started()).heartbeat(sandbox_id)
+
+    async def delete(self, sandbox_id: str) -> None:
+        await (await self._started()).delete(sandbox_id)
+
+    async def close(self) -> None:
+        self._closed = True
+        service, self._service = self._service, None
+        if service is not None:
+            await service.stop(delete_all=True)
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+class _SandboxList(BaseModel):
+    sandboxes: list[SandboxInfo]
+
+
+# Connection attempts that failed before anything was sent are retried by httpcore (backoff 0, 0.5, 1 s);
+# nothing else is retried, since a POST that reached the server may already have created a sandbox.
+CONNECT_RETRIES = 3
+
+
+# For error answers without our JSON body (e.g. from a proxy in front of the server).
+_ERROR_BY_STATUS: dict[int, type[OrchardError]] = {
+    400: InvalidRequest, 401: AuthError, 404: NotFound, 410: SandboxLost, 413: PayloadTooLarge, 503: BackendError}
+
+
+def _quoted(sandbox_id: str) -> str:
+    """The id as one URL path segment, so that an odd id can never address another route."""
+    if sandbox_id in ("", ".", ".."):
+        raise InvalidRequest(f"{sandbox_id!r} is not a sandbox id; list them with `orchard sandbox ls`")
+    return quote(sandbox_id, safe="")
+
+
+class RemoteControlPlane:
+    """A deployed orchestrator (`orchard serve`) over its REST API, authenticated with an API key."""
+
+    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 300.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise InvalidRequest(f"Orchard server URL {url!r} is not an http(s) URL; "
+                                 "use e.g. http://127.0.0.1:8700")
+        self.url = url.rstrip("/")
+        self.description = f"remote ({self.url})"
+        self._has_key = bool(api_key)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=httpx.AsyncHTTPTransport(retries=CONNECT_RETRIES))
+
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        response = await self._request("POST", "/v1/sandboxes", json=spec.model_dump(mode="json"))
+        return self._parse(SandboxInfo, response)
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        return self._parse(SandboxInfo, await self._request("GET", f"/v1/sandboxes/{_quoted(sandbox_id)}"))
+
+    async def list(self, *, owner: str | None = None,
+                   labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        params: list[tuple[str, str]] = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        if owner is not None:
+            params.append(("owner", owner))
+        response = await self._request("GET", "/v1/sandboxes", params=params)
+        return self._parse(_SandboxList, response).sandboxes
+
+    async def wait_ready(self, sandbox_id: str, timeout: float = 60) -> SandboxInfo:
+        response = await self._request("POST", f"/v1/sandboxes/{_quoted(sandbox_id)}/wait",
+                                       params={"timeout": timeout}, read_timeout=timeout + 30)
+        return self._parse(SandboxInfo, response)
+
+    async def heartbeat(self, sandbox_id: str) -> SandboxInfo:
+        return self._parse(SandboxInfo, await self._request("POST", f"/v1/sandboxes/{_quoted(sandbox_id)}/heartbeat"))
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self._request("DELETE", f"/v1/sandboxes/{_quoted(sandbox_id)}")
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, *, json: dict | None = None,
+                       params: dict | list | None = None, read_timeout: float | None = None) -> httpx.Response:
+        extra = {"timeout": httpx.Timeout(read_timeout, connect=10.0)} if read_timeout else {}
+        try:
+            response = await self._http.request(method, path, json=json, params=params, **extra)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise BackendError(f"cannot reach the Orchard server at {self.url} ({exc or type(exc).__name__}); "
+                               "check that `orchard serve` is running there and that ORCHARD_URL is right") from exc
+        except httpx.TimeoutException as exc:
+            raise OrchardError(f"the Orchard server at {self.url} did not answer {method} {path} in time; "
+                               "it may still be working on it: check with `orchard sandbox ls`") from exc
+        except httpx.TransportError as exc:
+            raise OrchardError(f"talking to the Orchard server at {self.url} failed during {method} {path}: "
+                               f"{exc or type(exc).__name__}") from exc
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+    def _error(self, response: httpx.Response) -> OrchardError:
+        """The typed error of a `{"error", "message"}` body; by status when the body is not ours (a proxy)."""
+        try:
+            body = response.json()
+            error = error_from_code(str(body["error"]), str(body["message"]))
+        except (ValueError, KeyError, TypeError):
+            text = response.text.strip()[:200] or response.reason_phrase
+            error = _ERROR_BY_STATUS.get(response.status_code, OrchardError)(
+                f"the Orchard server at {self.url} answered {response.status_code}: {text}")
+        if isinstance(error, AuthError) and not self._has_key:
+            error = AuthError(f"{error} (no API key was given: set ORCHARD_API_KEY or pass api_key=)")
+        return error
+
+    def _parse(self, model: type[_Model], response: httpx.Response) -> _Model:
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise OrchardError(f"the Orchard server at {self.url} sent an answer this client does not "
+                               f"understand (is it the same Orchard version?): {exc}") from exc
