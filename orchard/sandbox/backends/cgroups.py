@@ -1,0 +1,250 @@
+"""Resource limits for local sandboxes through cgroups (v1, v2 or a hybrid of both).
+
+Each sandbox gets one group per controller, `orchard/<name>` beneath the cgroup this process runs in
+(so any limit placed on the orchestrator still covers its sandboxes). A v1 controller mounted on its own
+is preferred; otherwise the controller is used from the cgroup2 hierarchy when it is enabled there. The
+sandbox is moved into its groups before it runs anything (see `procs_files`); `kill_and_remove` empties
+and removes them. When nothing is writable (not root, read-only cgroupfs, a v2 cgroup with processes of
+its own) `create_cgroups` returns None and the caller falls back to rlimits."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from orchard.core.sandbox import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+PARENT_NAME = "orchard"
+
+
+class CgroupSet(BaseModel):
+    """The groups of one sandbox: their directories and which hierarchy each lives in."""
+
+    paths: list[str]
+    version: dict[str, int]  # path -> 1 or 2
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [f"{p}/cgroup.procs" for p in self.paths]
+
+
+def _mounts() -> tuple[dict[str, tuple[str, str]], tuple[str, str] | None]:
+    """v1 controller -> (mount point, mount root), and the cgroup2 (mount point, mount root) if any."""
+    v1: dict[str, tuple[str, str]] = {}
+    v2 = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(rfields) < 3:
+                continue
+            fstype, root, point = rfields[0], fields[3], fields[4]
+            if fstype == "cgroup2" and v2 is None:
+                v2 = (point, root)
+            elif fstype == "cgroup":
+                for opt in rfields[2].split(","):
+                    if opt in CONTROLLERS and opt not in v1:
+                        v1[opt] = (point, root)
+    return v1, v2
+
+
+def _own_cgroups() -> tuple[dict[str, str], str | None]:
+    """This process's cgroup path per v1 controller, and its v2 path."""
+    v1: dict[str, str] = {}
+    v2 = None
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            hid, controllers, path = line.rstrip("\n").split(":", 2)
+            if hid == "0" and controllers == "":
+                v2 = path
+            for c in controllers.split(","):
+                v1[c] = path
+    return v1, v2
+
+
+def _under_mount(point: str, root: str, path: str) -> Path:
+    rel = path[len(root):] if root != "/" and path.startswith(root) else path
+    return Path(point) / rel.lstrip("/")
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _v2_enable(parent: Path, controllers: list[str]) -> list[str]:
+    """Enable `controllers` for children of `parent`; returns the ones now enabled."""
+    available = (parent / "cgroup.controllers").read_text().split()
+    wanted = [c for c in controllers if c in available]
+    if wanted:
+        _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+    return wanted
+
+
+def placements(name: str) -> list[tuple[Path, int, list[str]]]:
+    """(group dir, version, controllers) for each hierarchy the sandbox will join."""
+    v1_mounts, v2_mount = _mounts()
+    own_v1, own_v2 = _own_cgroups()
+    placements: list[tuple[Path, int, list[str]]] = []
+    v2_controllers = []
+    for c in CONTROLLERS:
+        if c in v1_mounts:
+            point, root = v1_mounts[c]
+            base = _under_mount(point, root, own_v1.get(c, "/"))
+            placements.append((base / PARENT_NAME / name, 1, [c]))
+        else:
+            v2_controllers.append(c)
+    if v2_controllers and v2_mount is not None and own_v2 is not None:
+        base = _under_mount(*v2_mount, own_v2)
+        enabled = [c for c in v2_controllers if c in (base / "cgroup.controllers").read_text().split()]
+        if enabled:
+            placements.append((base / PARENT_NAME / name, 2, enabled))
+    return placements
+
+
+def create_cgroups(name: str, spec: SandboxSpec) -> CgroupSet | None:
+    """Make the sandbox's groups and set its limits, or return None when cgroups cannot be used here
+    (nothing is left behind then)."""
+    made: list[str] = []
+    versions: dict[str, int] = {}
+    try:
+        for group, version, controllers in placements(name):
+            controllers = _make_group(group, version, controllers)
+            made.append(str(group))
+            versions[str(group)] = version
+            for c in controllers:
+                _set_limit(group, version, c, spec)
+    except OSError as e:
+        log.warning("cgroups are not usable here (%s); local sandboxes fall back to rlimits", e)
+        remove_cgroups(made)
+        return None
+    if not made:
+        return None
+    return CgroupSet(paths=made, version=versions)
+
+
+def _make_group(group: Path, version: int, controllers: list[str]) -> list[str]:
+    """mkdir the group (and the shared parent); returns the controllers it has."""
+    for attempt in range(3):
+        try:
+            if version == 2:
+                _v2_enable(group.parent.parent, controllers)
+                group.parent.mkdir(exist_ok=True)
+                controllers = _v2_enable(group.parent, controllers)
+            else:
+                group.parent.mkdir(exist_ok=True)
+            group.mkdir()
+            return controllers
+        except FileNotFoundError:
+            # A concurrent delete removed the then-empty shared parent between our two mkdirs.
+            if attempt == 2:
+                raise
+    return controllers
+
+
+def _set_limit(group: Path, version: int, controller: str, spec: SandboxSpec) -> None:
+    if controller == "memory" and spec.memory_mb:
+        limit = str(spec.memory_mb * 1024 * 1024)
+        if version == 1:
+            _write(group / "memory.limit_in_bytes", limit)
+            if (group / "memory.memsw.limit_in_bytes").exists():  # no escape into swap
+                _write(group / "memory.memsw.limit_in_bytes", limit)
+        else:
+            _write(group / "memory.max", limit)
+            if (group / "memory.swap.max").exists():
+                _write(group / "memory.swap.max", "0")
+    elif controller == "pids" and spec.max_processes:
+        _write(group / "pids.max", str(spec.max_processes))
+    elif controller == "cpu" and spec.cpu:
+        quota = max(1000, int(spec.cpu * CPU_PERIOD_US))
+        if version == 1:
+            _write(group / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(group / "cpu.cfs_quota_us", str(quota))
+        else:
+            _write(group / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+
+
+def cgroup_pids(paths: list[str]) -> set[int]:
+    pids: set[int] = set()
+    for p in paths:
+        try:
+            pids.update(int(x) for x in Path(p, "cgroup.procs").read_text().split())
+        except OSError:
+            pass
+    return pids
+
+
+def kill_and_remove(paths: list[str], timeout: float = 5.0) -> list[str]:
+    """SIGKILL everything still in the groups, then remove them (and their `orchard` parent when it is
+    empty). Returns the groups that could not be removed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = cgroup_pids(paths)
+        if not pids or time.monotonic() > deadline:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+    return remove_cgroups(paths)
+
+
+def remove_abandoned_groups(in_use: set[str]) -> list[str]:
+    """rmdir empty sandbox groups whose name is not `in_use` (their sandbox's state was deleted under
+    them, so no delete will ever come). The kernel refuses to remove a group that has processes."""
+    removed = []
+    try:
+        parents = {group.parent for group, _, _ in placements("probe")}
+    except OSError:
+        return removed
+    for parent in parents:
+        if not parent.is_dir():
+            continue
+        for group in parent.iterdir():
+            if group.is_dir() and group.name not in in_use and not cgroup_pids([str(group)]):
+                try:
+                    group.rmdir()
+                    removed.append(str(group))
+                except OSError:
+                    pass
+        try:
+            parent.rmdir()
+        except OSError:
+            pass
+    return removed
+
+
+def remove_cgroups(paths: list[str], timeout: float = 2.0) -> list[str]:
+    left = []
+    for p in paths:
+        group = Path(p)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                group.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                # EBUSY lingers briefly while the kernel finishes tearing down killed tasks.
+                if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                    left.append(p)
+                    break
+                time.sleep(0.005)
+        try:
+            group.parent.rmdir()  # the shared `orchard` parent, only once no sandbox uses it
+        except OSError:
+            pass
+    return left

@@ -1,0 +1,352 @@
+"""The local backend (the embedded default): one bubblewrap sandbox per Orchard sandbox, no daemon.
+
+Per sandbox:
+- `<root_dir>/<id>/`: `meta.json` (how to find it again), `agent.log` (the agent's stderr) and `rw/`,
+  the writable layer (workspace for image `host`, overlay upper/work dirs for a rootfs image);
+- `<tmp>/orchard-run-<uid>/<key>/`: a short directory bound at /.orchard/run inside, holding the agent's
+  Unix socket (`agent_url` = `unix://<path>`) and the token file (never on a command line);
+- cgroups `orchard/<key>` (memory, pids, cpu) beneath this process's own, or rlimits when those cannot
+  be written.
+Sandboxes outlive the process that made them (no --die-with-parent) so a restarted orchestrator can
+re-adopt them through `list_live`. See docs/local-backend.md."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import ssl
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from orchard.core.errors import BackendError, InvalidRequest
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.backends import cgroups
+from orchard.sandbox.backends.base import BackendSandbox
+from orchard.sandbox.backends.bwrap import (RUN_MOUNT_POINT, SOCKET_NAME, SandboxPaths, bwrap_args,
+                                            find_bwrap, sandbox_env, validate_disk, validate_image,
+                                            validate_network)
+from orchard.sandbox.backends.local_launch import (launch_argv, read_info, spawn, wait_ready_line,
+                                                   writable_subdirs)
+from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
+                                                  process_running, process_start_time, read_record,
+                                                  write_record)
+from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
+
+log = logging.getLogger(__name__)
+
+SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+# A directory without meta.json this old is a create that crashed before recording anything.
+STALE_UNRECORDED_S = 60.0
+
+
+def orchard_home() -> Path:
+    return Path(os.environ.get("ORCHARD_HOME") or Path.home() / ".orchard")
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # httpx builds a fresh default SSL context per client (~20 ms); the socket is plain HTTP anyway.
+    return ssl.create_default_context()
+
+
+class LocalBackend:
+    """Sandboxes on this host through bubblewrap. `root_dir` holds their private directories (default
+    `$ORCHARD_HOME/sandboxes`); `run_dir` their sockets (default `<tmp>/orchard-run-<uid>`, kept short for
+    the 108-byte socket path limit); `bundle_cache_dir` the agent bundle (default `$ORCHARD_HOME/cache`)."""
+
+    name = "local"
+
+    def __init__(self, root_dir: Path | None = None, *, run_dir: Path | None = None,
+                 bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0) -> None:
+        self.root_dir = Path(root_dir) if root_dir is not None else orchard_home() / "sandboxes"
+        self.run_base = (Path(run_dir) if run_dir is not None
+                         else Path(tempfile.gettempdir()) / f"orchard-run-{os.getuid()}")
+        self.bundle_cache_dir = (Path(bundle_cache_dir) if bundle_cache_dir is not None
+                                 else default_cache_dir())
+        self.ready_timeout_s = ready_timeout_s
+        self._bwrap: str | None = None
+        self._bundle: AgentBundle | None = None
+        self._children: dict[str, subprocess.Popen] = {}
+
+    # ---- paths ---------------------------------------------------------------------------------------
+
+    def _key(self, sandbox_id: str) -> str:
+        """Short, unique per (root_dir, id): names the run dir and the cgroups."""
+        return hashlib.sha256(f"{self.root_dir.resolve()}\0{sandbox_id}".encode()).hexdigest()[:20]
+
+    def _paths(self, sandbox_id: str) -> SandboxPaths:
+        return SandboxPaths(sandbox_dir=self.root_dir / sandbox_id,
+                            run_dir=self.run_base / self._key(sandbox_id))
+
+    def _ensure_run_base(self) -> None:
+        """The run base is shared by everyone's sandboxes of this uid in a world-writable /tmp: refuse it
+        unless it is our own private directory."""
+        self.run_base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(self.run_base)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(self.run_base, 0o700)  # ours, merely too open (umask): tighten it
+            st = os.lstat(self.run_base)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise BackendError(f"{self.run_base} must be a directory owned by uid {os.getuid()} with mode "
+                               "0700; remove it or pass another run_dir to LocalBackend")
+
+    async def _resources(self) -> tuple[str, AgentBundle]:
+        if self._bwrap is None:
+            self._bwrap = find_bwrap()
+        if self._bundle is None:
+            self._bundle = await asyncio.to_thread(ensure_agent_bundle, self.bundle_cache_dir)
+        return self._bwrap, self._bundle
+
+    # ---- create --------------------------------------------------------------------------------------
+
+    async def create(self, sandbox_id: str, spec: SandboxSpec, token: str) -> BackendSandbox:
+        if not SANDBOX_ID.fullmatch(sandbox_id):
+            raise InvalidRequest(f"sandbox id {sandbox_id!r} is not valid: use 1-128 letters, digits, "
+                                 "'_', '.' or '-', starting with a letter or digit")
+        validate_network(spec)
+        validate_disk(spec)
+        rootfs = validate_image(spec)
+        bwrap, bundle = await self._resources()
+        env = sandbox_env(spec, rootfs, bundle.launch_env())
+        paths = self._paths(sandbox_id)
+        if len(str(paths.socket).encode()) > MAX_SOCKET_PATH:
+            raise BackendError(f"the agent socket path {paths.socket} is longer than {MAX_SOCKET_PATH} "
+                               "bytes; pass a shorter run_dir to LocalBackend (or set TMPDIR)")
+        self._ensure_run_base()
+        self.root_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            paths.sandbox_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise InvalidRequest(f"sandbox {sandbox_id} already exists in {self.root_dir}; delete it first "
+                                 "or use another id") from None
+
+        handle = LocalHandle(pid=0, pid_start=0, sandbox_dir=str(paths.sandbox_dir),
+                             run_dir=str(paths.run_dir), socket=str(paths.socket))
+        agent_url = f"unix://{paths.socket}"
+        try:
+            _rmtree(paths.run_dir)  # a leftover of a crashed earlier sandbox of this id: the id is ours now
+            paths.run_dir.mkdir(mode=0o700)
+            paths.shared_dir.mkdir(mode=0o700)
+            fd = os.open(paths.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token)
+            paths.writable_dir.mkdir()
+            if not spec.disk_mb:  # else they are made on the tmpfs, inside the sandbox's mount namespace
+                for sub in writable_subdirs(rootfs):
+                    (paths.writable_dir / sub).mkdir()
+            cg = cgroups.create_cgroups(self._key(sandbox_id), spec)
+            handle.cgroups = cg.paths if cg else []
+            # Recorded at each step, so that list_live can clean up after a crash at any point.
+            write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
+
+            agent_argv = bundle.launch_argv(listen=f"unix:{RUN_MOUNT_POINT}/{SOCKET_NAME}",
+                                            workdir=spec.workdir)
+            proc, info_r = spawn(
+                lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg),
+                lambda info_fd: bwrap_args(spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd),
+                paths)
+            self._children[sandbox_id] = proc
+            handle.pid, handle.pid_start = proc.pid, process_start_time(proc.pid) or 0
+            write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
+
+            try:
+                await wait_ready_line(proc, self.ready_timeout_s)
+            except TimeoutError:
+                raise BackendError(f"the agent did not start within {self.ready_timeout_s:g} s") from None
+            finally:
+                info = read_info(info_r)
+            if info.get("child-pid"):
+                handle.init_pid = int(info["child-pid"])
+                handle.init_start = process_start_time(handle.init_pid)
+            write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
+            _publish_socket(paths)
+            await _check_health(paths.socket)
+            return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=handle.model_dump())
+        except BaseException as e:
+            agent_log = _tail(paths.log_file)
+            self._destroy(sandbox_id, handle)
+            if isinstance(e, (BackendError, OSError, httpx.HTTPError)):
+                raise BackendError(f"sandbox {sandbox_id} failed to start: {e}"
+                                   + (f"; agent output: {agent_log}" if agent_log else "")) from e
+            raise
+
+    # ---- delete / liveness ---------------------------------------------------------------------------
+
+    async def delete(self, sandbox: BackendSandbox) -> None:
+        handle = _handle_of(sandbox) or self._handle_from_disk(sandbox.id)
+        if handle is None:
+            return
+        await asyncio.to_thread(self._destroy, sandbox.id, handle)
+
+    def _handle_from_disk(self, sandbox_id: str) -> LocalHandle | None:
+        if not SANDBOX_ID.fullmatch(sandbox_id):
+            return None
+        record = read_record(self._paths(sandbox_id).meta_file)
+        if record is not None:
+            return record.handle
+        paths = self._paths(sandbox_id)
+        if paths.sandbox_dir.exists() or paths.run_dir.exists():
+            return LocalHandle(pid=0, pid_start=0, sandbox_dir=str(paths.sandbox_dir),
+                               run_dir=str(paths.run_dir), socket=str(paths.socket))
+        return None
+
+    def _destroy(self, sandbox_id: str, handle: LocalHandle) -> None:
+        """Kill every process, then remove cgroups and files. Safe to repeat; blocking (short)."""
+        proc = self._children.pop(sandbox_id, None)
+        monitor_alive = process_running(handle.pid, handle.pid_start)
+        if process_running(handle.init_pid, handle.init_start):
+            # SIGKILL to a pid namespace's init kills every process in that namespace.
+            _kill(handle.init_pid)
+        elif monitor_alive:
+            # bwrap's report never arrived (crash mid-create): its children are the namespace init, and
+            # the monitor may not have got as far as making one.
+            for child in children_of(handle.pid):
+                _kill(child)
+            _kill(handle.pid)
+        if monitor_alive:
+            _wait_gone(handle.pid, handle.pid_start, proc, timeout=5.0)
+        left = cgroups.kill_and_remove(handle.cgroups)
+        if proc is not None and proc.returncode is None:
+            proc.wait()
+        for path in (handle.run_dir, handle.sandbox_dir):
+            _rmtree(Path(path))
+        if left:
+            raise BackendError(f"sandbox {sandbox_id}: cgroups {', '.join(left)} could not be removed; "
+                               "some process in them did not die — check `cat <group>/cgroup.procs`")
+
+    async def is_alive(self, sandbox: BackendSandbox) -> bool:
+        handle = _handle_of(sandbox)
+        if handle is None:
+            return False
+        pid, start = ((handle.init_pid, handle.init_start) if handle.init_pid
+                      else (handle.pid, handle.pid_start))
+        if not process_running(pid, start):
+            return False
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_unix_connection(handle.socket), 2.0)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
+    async def list_live(self) -> list[BackendSandbox]:
+        """Running sandboxes under root_dir (from their meta.json). Leftovers of dead ones (the machine
+        or the orchestrator was killed) are removed on the way, so nothing accumulates."""
+        live = []
+        entries = sorted(self.root_dir.iterdir()) if self.root_dir.is_dir() else []
+        for entry in entries:
+            if not entry.is_dir() or not SANDBOX_ID.fullmatch(entry.name):
+                continue
+            record = read_record(entry / "meta.json")
+            if record is None:
+                try:
+                    age = time.time() - entry.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                if age > STALE_UNRECORDED_S:
+                    handle = self._handle_from_disk(entry.name)
+                    if handle is not None:
+                        await asyncio.to_thread(self._destroy, entry.name, handle)
+                continue
+            h = record.handle
+            if process_running(h.pid, h.pid_start) or process_running(h.init_pid, h.init_start):
+                live.append(BackendSandbox(id=record.id, agent_url=record.agent_url, handle=h.model_dump()))
+            else:
+                log.info("removing leftovers of dead local sandbox %s", record.id)
+                await asyncio.to_thread(self._destroy, record.id, h)
+        # Groups of sandboxes whose dirs were removed under them (a run dir exists from before a
+        # sandbox's cgroups are made until after they are removed).
+        in_use = set(os.listdir(self.run_base)) if self.run_base.is_dir() else set()
+        for group in await asyncio.to_thread(cgroups.remove_abandoned_groups, in_use):
+            log.info("removed abandoned cgroup %s", group)
+        return live
+
+    async def close(self) -> None:
+        """Nothing to release: sandboxes keep running by design, and their state is on disk."""
+        self._children.clear()
+
+
+def _handle_of(sandbox: BackendSandbox) -> LocalHandle | None:
+    try:
+        return LocalHandle.model_validate(sandbox.handle)
+    except ValueError:
+        return None
+
+
+def _publish_socket(paths: SandboxPaths) -> None:
+    """Hard-link the agent's socket where only the host can write; checked after linking, since the
+    sandbox may race to put something else in its place."""
+    os.link(paths.agent_socket, paths.socket, follow_symlinks=False)
+    if not stat.S_ISSOCK(os.lstat(paths.socket).st_mode):
+        raise BackendError(f"{paths.agent_socket} is not the agent's socket")
+
+
+async def _check_health(socket: Path) -> None:
+    transport = httpx.AsyncHTTPTransport(uds=str(socket), verify=_ssl_context())
+    async with httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=10.0) as client:
+        response = await client.get("/health")
+    if response.status_code != 200 or response.json().get("status") != "ok":
+        raise BackendError(f"the agent's /health answered {response.status_code}: {response.text[:200]}")
+
+
+def _kill(pid: int | None) -> None:
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_gone(pid: int, start: int, proc: subprocess.Popen | None, timeout: float) -> None:
+    """Wait for bwrap's monitor to exit after its sandbox died; SIGKILL it past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None:
+            if proc.poll() is not None:
+                return
+        elif not process_running(pid, start):
+            return
+        time.sleep(0.002)
+    _kill(pid)
+    if proc is not None:
+        proc.wait()
+
+
+def _rmtree(path: Path) -> None:
+    """rm -rf that also gets through the overlay's `work/work` (mode 000)."""
+    def make_writable_and_retry(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                func(p)
+        except OSError:
+            pass
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=make_writable_and_retry)
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode(errors="replace").strip()

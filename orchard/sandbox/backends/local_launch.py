@@ -1,0 +1,131 @@
+"""Starting one local sandbox process and waiting until its agent is ready.
+
+The sandbox is started through a few lines of `/bin/sh` that first move the shell into the sandbox's
+cgroups (or, without cgroups, set rlimits), so everything after — bwrap, its namespace init, the agent —
+is limited from its first instruction; then, when `disk_mb` is set, mount the size-limited tmpfs for the
+writable layer in a private mount namespace (`unshare`, so the host never sees that mount and it vanishes
+with the sandbox); then exec bwrap, which reads its arguments from a file descriptor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from orchard.core.errors import BackendError
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.backends.bwrap import SandboxPaths
+from orchard.sandbox.backends.cgroups import CgroupSet
+
+log = logging.getLogger(__name__)
+
+HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+# Runs in the private mount namespace: $1 size in MiB, $2 the dir to mount on, $3 the subdirectories to
+# create there (space separated), then the command.
+DISK_SCRIPT = ('mount -t tmpfs -o "size=${1}m,mode=0755" orchard-disk "$2" && cd "$2" && mkdir $3 '
+               '&& cd / && shift 3 && exec "$@"')
+
+
+def writable_subdirs(rootfs: Path | None) -> list[str]:
+    return ["upper", "work"] if rootfs is not None else ["workspace"]
+
+
+def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSpec, rootfs: Path | None,
+                paths: SandboxPaths, cgroups: CgroupSet | None) -> list[str]:
+    lines = ["set -e"]
+    if cgroups is not None:
+        lines += [f"echo $$ > {shlex.quote(f)}" for f in cgroups.procs_files]
+    else:
+        # Weaker fallback: per process address space, and RLIMIT_NPROC counts every process of the user
+        # (it does not bind uid 0 at all). prlimit, because `ulimit` flags differ between shells.
+        limits = []
+        if spec.memory_mb:
+            limits.append(f"--as={spec.memory_mb << 20}")
+        if spec.max_processes:
+            limits.append(f"--nproc={spec.max_processes}")
+        prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
+        if limits and prlimit is None:
+            log.warning("neither cgroups nor prlimit (util-linux) are usable: sandbox limits are not "
+                        "enforced")
+        elif limits:
+            lines.append(f"{prlimit} --pid $$ {' '.join(limits)}")
+    lines.append('exec "$@"')
+    command = [bwrap, "--args", str(args_fd), "--", *agent_argv]
+    if spec.disk_mb:
+        unshare = shutil.which("unshare", path=HOST_ENV["PATH"])
+        if unshare is None:
+            raise BackendError("disk_mb on the local backend needs `unshare` (util-linux); install it or "
+                               "leave disk_mb unset")
+        command = [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", DISK_SCRIPT,
+                   "orchard-disk", str(spec.disk_mb), str(paths.writable_dir),
+                   " ".join(writable_subdirs(rootfs)), *command]
+    return ["/bin/sh", "-c", "\n".join(lines), "orchard-sandbox", *command]
+
+
+def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int], list[str]],
+          paths: SandboxPaths) -> tuple[subprocess.Popen, int]:
+    """Start the sandbox; returns the process (bwrap's monitor once the shell has exec'd) and the read
+    end of bwrap's info pipe. The makers get the fd numbers (args file, info pipe) the child will see."""
+    info_r, info_w = os.pipe()
+    child_fds = [info_w]
+    try:
+        fd = os.open(paths.args_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w)))
+        args_fd = os.open(paths.args_file, os.O_RDONLY)
+        child_fds.append(args_fd)
+        log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        child_fds.append(log_fd)
+        proc = subprocess.Popen(make_argv(args_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=log_fd, pass_fds=(args_fd, info_w), start_new_session=True,
+                                env=HOST_ENV)
+    except BaseException as e:
+        os.close(info_r)
+        if isinstance(e, OSError):
+            raise BackendError(f"could not start bubblewrap: {e}") from e
+        raise
+    finally:
+        for fd in child_fds:
+            os.close(fd)
+        paths.args_file.unlink(missing_ok=True)
+    return proc, info_r
+
+
+async def wait_ready_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The agent's `READY <address>` line; raises TimeoutError, or BackendError when stdout closed first."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), proc.stdout)
+    try:
+        while True:
+            line = (await asyncio.wait_for(reader.readline(), timeout)).decode(errors="replace")
+            if not line:
+                raise BackendError("the sandbox exited before its agent was ready")
+            if line.startswith("READY"):
+                return line.strip()
+    finally:
+        # The agent writes nothing after READY; closing our end keeps no fd per sandbox.
+        transport.close()
+
+
+def read_info(info_r: int) -> dict:
+    """bwrap's `--info-fd` report (has `child-pid`); {} when bwrap never wrote it."""
+    os.set_blocking(info_r, False)
+    data = b""
+    try:
+        while chunk := os.read(info_r, 65536):
+            data += chunk
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(info_r)
+    try:
+        return json.loads(data) if data else {}
+    except ValueError:
+        return {}
