@@ -68,10 +68,39 @@ class PluginError(OrchardError):
     status = 500
 
 
+class ModelError(OrchardError):
+    """The model provider behind the gateway failed or answered with an error."""
+
+    code = "model_error"
+    status = 502
+
+
+class ModelUnreachable(ModelError):
+    """The model provider could not be reached, or did not answer in time."""
+
+    code = "model_unreachable"
+    status = 502
+
+
+class ModelRateLimited(ModelError):
+    """The model provider refused the call for its own rate limit; retry later."""
+
+    code = "model_rate_limited"
+    status = 429
+
+
+class BudgetExceeded(OrchardError):
+    """A rollout used up its model-call budget (calls, tokens or wall time) at the gateway."""
+
+    code = "budget_exceeded"
+    status = 429
+
+
 ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
     cls.code: cls
     for cls in (OrchardError, InvalidRequest, AuthError, NotFound, SandboxNotFound, PayloadTooLarge,
-                ExecTimeout, SandboxLost, BackendError, PluginError)
+                ExecTimeout, SandboxLost, BackendError, PluginError, ModelError, ModelUnreachable,
+                ModelRateLimited, BudgetExceeded)
 }
 
 

@@ -1,0 +1,114 @@
+"""The gateway's configuration: model aliases (routes to a litellm model), the default budget, and how
+clients authenticate. Loaded from JSON or YAML:
+
+    models:
+      policy:   {model: hosted_vllm/Qwen/Qwen3-8B, api_base: http://vllm:8000/v1,
+                 params: {logprobs: true, extra_body: {return_token_ids: true}}}
+      teacher:  {model: anthropic/claude-sonnet-4-5, api_key_env: ANTHROPIC_API_KEY}
+    default_budget: {max_calls: 200, max_total_tokens: 2000000}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from orchard.core.errors import InvalidRequest, ModelError, NotFound
+from orchard.gateway.budget import Budget
+
+
+class ModelRoute(BaseModel):
+    """Where an alias goes: a litellm model string (`openai/...`, `anthropic/...`, `hosted_vllm/...`) and,
+    if needed, the server and key to use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, description="litellm model string, e.g. hosted_vllm/Qwen/Qwen3-8B")
+    api_base: str | None = Field(default=None, description="the provider's base URL, e.g. http://vllm:8000/v1")
+    api_key: SecretStr | None = Field(default=None, description="the provider's key (kept out of logs)")
+    api_key_env: str | None = Field(default=None, description="or: the environment variable holding it")
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="default request parameters; the client's own take precedence "
+                                               "(extra_body is merged key by key)")
+    timeout_s: float | None = Field(default=None, gt=0, description="per call; default: the gateway's")
+
+    def resolved_api_key(self) -> str | None:
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_env is not None:
+            value = os.environ.get(self.api_key_env)
+            if not value:
+                raise ModelError(f"the gateway's route for {self.model!r} reads its API key from the "
+                                     f"environment variable {self.api_key_env}, which is not set on the gateway")
+            return value
+        return None  # litellm then uses the provider's usual variable (OPENAI_API_KEY, ...)
+
+
+class GatewayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: dict[str, ModelRoute] = Field(default_factory=dict, description="alias -> route")
+    allow_any_model: bool = Field(
+        default=False, description="also pass model names that are not aliases to litellm as they are")
+    default_budget: Budget = Field(default_factory=Budget, description="for rollouts not given their own")
+    api_key: SecretStr | None = Field(
+        default=None, description="if set, clients must send 'Authorization: Bearer <api_key>'")
+    require_rollout_key: bool = Field(
+        default=False, description="refuse calls without a rollout key instead of recording them under "
+                                   "the key 'unkeyed'")
+    timeout_s: float = Field(default=600, gt=0, description="per model call")
+    num_retries: int = Field(default=0, ge=0, description="litellm's retries of a failed call")
+    record_path: Path | None = Field(default=None, description="also append every call to this JSONL file")
+
+    @field_validator("models")
+    @classmethod
+    def _aliases_are_names(cls, models: dict[str, ModelRoute]) -> dict[str, ModelRoute]:
+        for alias in models:
+            if not alias.strip():
+                raise ValueError("a model alias must not be empty")
+        return models
+
+    @classmethod
+    def load(cls, path: str | Path) -> GatewayConfig:
+        """Read a JSON or YAML (.yaml/.yml) file."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise NotFound(f"gateway config {path} does not exist") from None
+        except (IsADirectoryError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"gateway config {path} is not a text file: {exc}") from None
+        if path.suffix in (".yaml", ".yml"):
+            import yaml  # a dependency of litellm, so always present beside the gateway
+
+            try:
+                data = yaml.safe_load(text) or {}
+            except yaml.YAMLError as exc:
+                raise InvalidRequest(f"gateway config {path} is not valid YAML: {exc}") from None
+        else:
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                raise InvalidRequest(f"gateway config {path} is not valid JSON: {exc}") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "config"
+            raise InvalidRequest(f"gateway config {path}: {where}: {first['msg']}"
+                                 f"{f' (and {exc.error_count() - 1} more)' if exc.error_count() > 1 else ''}") from None
+
+    def route(self, model: str) -> ModelRoute:
+        """The route for a requested model name: its alias, else (if allowed) the name as a litellm model."""
+        route = self.models.get(model)
+        if route is not None:
+            return route
+        if self.allow_any_model:
+            return ModelRoute(model=model)
+        configured = ", ".join(sorted(self.models)) or "none"
+        raise InvalidRequest(f"unknown model {model!r}; this gateway serves: {configured} (add an alias to the "
+                             "gateway config's `models`, or set allow_any_model to pass litellm model names on)")
