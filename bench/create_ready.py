@@ -1,0 +1,95 @@
+"""Measurement 2: create → ready, one sandbox at a time, against the floor of starting a Python HTTP
+server process (no isolation) and getting its first answer."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from rich.progress import Progress
+
+from bench.measurement import BenchContext, Measurement
+from bench.orchard_clients import embedded_orchard
+from bench.peers.bare_agent import agent_bundle, time_bare_agent_start
+from bench.peers.floor import floor_server
+from bench.results_model import Findings, Row, Target, ratio
+from bench.stats import LatencyStats
+
+CREATE_P50_MS = 60.0
+ORCHARD_CREATE, ORCHARD_DELETE = "Orchard create→ready", "Orchard delete"
+FLOOR_START, BARE_AGENT = "floor process start", "agent alone (no sandbox)"
+
+
+def _time_floor_start() -> float:
+    started = time.perf_counter()
+    with floor_server() as server:
+        # verify=False: an http:// URL needs no TLS, and building the CA context alone costs ~15 ms.
+        with httpx.Client(verify=False, timeout=30) as client:
+            client.get(server.url + "/health").raise_for_status()
+        return time.perf_counter() - started
+
+
+def run(ctx: BenchContext) -> Findings:
+    count, warmup = ctx.pick(30, 5), ctx.pick(3, 1)
+    creates: list[float] = []
+    deletes: list[float] = []
+    floor_starts: list[float] = []
+    bare_agent_starts: list[float] = []
+    with (agent_bundle() as bundle, embedded_orchard() as orchard,
+          Progress(console=ctx.console, transient=True) as progress):
+        task = progress.add_task(f"create→ready × {count}", total=warmup + count)
+        for index in range(warmup + count):
+            started = time.perf_counter()
+            sandbox = orchard.create()
+            ready = time.perf_counter()
+            try:
+                if sandbox.exec("true").exit_code != 0:
+                    raise RuntimeError("a freshly created sandbox could not run `true`")
+            finally:
+                closing = time.perf_counter()
+                sandbox.close()
+                closed = time.perf_counter()
+            floor_start, bare_agent_start = _time_floor_start(), time_bare_agent_start(bundle)
+            if index >= warmup:
+                creates.append(ready - started)
+                deletes.append(closed - closing)
+                floor_starts.append(floor_start)
+                bare_agent_starts.append(bare_agent_start)
+            progress.update(task, advance=1)
+    stats = {ORCHARD_CREATE: LatencyStats.from_seconds(creates),
+             ORCHARD_DELETE: LatencyStats.from_seconds(deletes),
+             FLOOR_START: LatencyStats.from_seconds(floor_starts),
+             BARE_AGENT: LatencyStats.from_seconds(bare_agent_starts)}
+    create, floor, bare = stats[ORCHARD_CREATE], stats[FLOOR_START], stats[BARE_AGENT]
+    rows = [
+        Row(metric="create→ready p50", unit="ms", ours=create.p50_ms,
+            peers={FLOOR_START: floor.p50_ms, BARE_AGENT: bare.p50_ms},
+            ratios={"orchard/floor_start": ratio(create.p50_ms, floor.p50_ms),
+                    "orchard/bare_agent": ratio(create.p50_ms, bare.p50_ms)},
+            targets=[Target(op="<=", limit=CREATE_P50_MS)]),
+        Row(metric="create→ready p99", unit="ms", ours=create.p99_ms,
+            peers={FLOOR_START: floor.p99_ms, BARE_AGENT: bare.p99_ms},
+            ratios={"orchard/floor_start": ratio(create.p99_ms, floor.p99_ms),
+                    "orchard/bare_agent": ratio(create.p99_ms, bare.p99_ms)}),
+        Row(metric="delete p50", unit="ms", ours=stats[ORCHARD_DELETE].p50_ms),
+    ]
+    return Findings(rows=rows, latencies=stats, notes=[
+        "`create()` returns once the sandbox's agent answers; the timing covers the namespaces, the "
+        "agent's interpreter start and its first `/health`.",
+        "The floor starts the project's interpreter with no sandbox around it (`python -m "
+        "bench.peers.floor_server`) and waits for its first HTTP answer.",
+        "The agent alone is Orchard's agent, from the same bundle, started straight on the host (no "
+        "namespaces, no orchestrator) until its first `/health` answer: the difference to create→ready is "
+        "what the sandbox and the orchestrator's bookkeeping add.",
+    ])
+
+
+MEASUREMENT = Measurement(
+    name="create_ready",
+    title="Sandbox create → ready",
+    method=("Sandboxes created one at a time with the sync SDK (`orchard.create()`), 30 after 3 warm-ups; "
+            "each runs `true` once (to prove it is usable) and is deleted before the next; creation and "
+            "deletion are timed separately. Between two creations, the floor server and the bare agent are "
+            "each started and stopped once."),
+    run=run,
+)

@@ -1,0 +1,1 @@
+"""The peers Orchard is measured against: the stdlib floor server and SWE-ReX's remote server."""
