@@ -1,0 +1,126 @@
+"""mini-swe-agent as an Orchard harness: the package's own `DefaultAgent` loop and config files, with its
+Environment implemented on the Orchard sandbox and its Model calling through the gateway.
+
+The agent loop is synchronous: it runs in a thread of its own while sandbox and model calls are bridged
+back to the harness's event loop (bridge.py). Its native trajectory is converted to Orchard's (convert.py)
+and kept in `extra["mini_swe_agent"]`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import minisweagent
+from minisweagent.agents.default import AgentConfig, DefaultAgent
+from minisweagent.config import get_config_from_spec
+from minisweagent.models.utils.actions_toolcall import BASH_TOOL
+from minisweagent.utils.serialize import recursive_merge
+from pydantic import ValidationError
+
+from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.core.harness import ModelConfig
+from orchard.core.sandbox import Sandbox
+from orchard.core.task import Task
+from orchard.core.trajectory import Agent, Outcome, Trajectory
+from orchard.harnesses.mini_swe_agent.bridge import LoopBridge, run_in_thread
+from orchard.harnesses.mini_swe_agent.convert import convert_trajectory
+from orchard.harnesses.mini_swe_agent.environment import (
+    OrchardSandboxEnvironment,
+    SandboxCallFailed,
+    probe_system_info,
+)
+from orchard.harnesses.mini_swe_agent.model import GatewayModel, ModelCallFailed, Mode
+from orchard.harnesses.openai_client import ChatClient
+
+# The package's own default configs: `mini` is what its `mini` command runs (tool calling, v2's default);
+# `mini_textbased` the text-mode variant.
+DEFAULT_CONFIGS: dict[str, str] = {"toolcall": "mini", "text": "mini_textbased"}
+DEFAULT_AGENT_CLASSES = frozenset({"", "default", "minisweagent.agents.default.DefaultAgent"})
+
+
+class MiniSweAgentHarness:
+    name = "mini-swe-agent"
+    version = minisweagent.__version__
+
+    def __init__(self, config: str | Path | dict[str, Any] | None = None, *, mode: Mode = "toolcall",
+                 overrides: dict[str, Any] | None = None, step_limit: int | None = None,
+                 cost_limit: float | None = None, wall_time_limit_s: int | None = None,
+                 command_timeout_s: int | None = None) -> None:
+        """`config`: one of the package's config names (`mini`, `mini_textbased`, `swebench`, ...), a YAML
+        path, or a config dict; default: the package's default for `mode`. `overrides` is merged over it
+        (`{"agent": {...}, "environment": {...}, "model": {...}}`); the keyword limits override both."""
+        if mode not in DEFAULT_CONFIGS:
+            raise InvalidRequest(f"mode must be one of {sorted(DEFAULT_CONFIGS)}, not {mode!r}")
+        self.mode = mode
+        base = config if isinstance(config, dict) else _load_config(config or DEFAULT_CONFIGS[mode])
+        limits = {"step_limit": step_limit, "cost_limit": cost_limit, "wall_time_limit_seconds": wall_time_limit_s}
+        self.config = recursive_merge(
+            base, overrides or {},
+            {"agent": {key: value for key, value in limits.items() if value is not None}},
+            {"environment": {"timeout": command_timeout_s}} if command_timeout_s is not None else {})
+        self.agent_config = self._agent_config()
+
+    def _agent_config(self) -> dict[str, Any]:
+        agent = dict(self.config.get("agent") or {})
+        agent_class = agent.pop("agent_class", "")
+        if agent_class not in DEFAULT_AGENT_CLASSES:
+            raise InvalidRequest(f"the mini-swe-agent harness runs the package's DefaultAgent; agent_class "
+                                 f"{agent_class!r} is not supported (interactive agents need a terminal)")
+        agent["output_path"] = None  # the trajectory is returned, not written by the agent
+        try:
+            AgentConfig(**agent)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise InvalidRequest(f"invalid mini-swe-agent agent config: {problems}") from None
+        return agent
+
+    async def run(self, task: Task, sandbox: Sandbox, model: ModelConfig) -> Trajectory:
+        started = time.monotonic()
+        workdir = task.environment.workdir
+        bridge = LoopBridge(asyncio.get_running_loop())
+        client = ChatClient(model)
+        agent: DefaultAgent | None = None
+        error: str | None = None
+        try:
+            system_info = await probe_system_info(sandbox, workdir)
+            environment = OrchardSandboxEnvironment(
+                sandbox=sandbox, bridge=bridge, system_info=system_info,
+                **{**(self.config.get("environment") or {}), "cwd": workdir})
+            gateway_model = GatewayModel(client=client, bridge=bridge,
+                                         **{**(self.config.get("model") or {}), "model_name": model.model,
+                                            "mode": self.mode})
+            agent = DefaultAgent(gateway_model, environment, **self.agent_config)
+            await run_in_thread(lambda: agent.run(task.instruction), bridge, name=f"mini-swe-agent:{task.id}")
+        except (ModelCallFailed, SandboxCallFailed) as exc:
+            error = str(exc)
+        except OrchardError as exc:  # the sandbox failed before the agent started
+            error = f"sandbox failed: {exc}"
+        except Exception as exc:  # the agent loop itself failed (a template error, ...): not an attempt
+            error = f"mini-swe-agent failed: {type(exc).__name__}: {exc}"
+        finally:
+            await client.aclose()
+        native = agent.serialize() if agent is not None else {"info": {}, "messages": []}
+        trajectory = convert_trajectory(
+            native, agent=Agent(name=self.name, version=self.version, model_name=model.model,
+                                tool_definitions=_tool_definitions(self.mode), extra={"mode": self.mode}),
+            task_id=task.id, rollout_key=model.rollout_key, wall_time_s=time.monotonic() - started)
+        if error is not None:
+            trajectory.outcome = Outcome(error=error)
+            trajectory.notes = error
+            if not trajectory.extra.get("exit_status"):
+                trajectory.extra["exit_status"] = "sandbox_error" if error.startswith("sandbox") else "error"
+        return trajectory
+
+
+def _load_config(spec: str | Path) -> dict[str, Any]:
+    try:
+        return get_config_from_spec(spec)
+    except FileNotFoundError:
+        raise InvalidRequest(f"no mini-swe-agent config {str(spec)!r}: give one of the package's config names "
+                             "(mini, mini_textbased, swebench, ...) or the path of a YAML file") from None
+
+
+def _tool_definitions(mode: Mode) -> list[dict[str, Any]]:
+    return [BASH_TOOL] if mode == "toolcall" else []
