@@ -204,7 +204,8 @@ def test_cost_is_recorded_when_litellm_knows_the_price(scripted, gateway):
 def test_rollout_key_from_the_path_prefix(scripted, gw_url):
     load_script(scripted, [{"content": "from a sandboxed harness"}], loop=True)
     client = openai.OpenAI(base_url=f"{gw_url}/r/sandbox-7/v1", api_key="any", max_retries=0)
-    assert [m.id for m in client.models.list()] == ["down", "plain", "policy", "slow"]
+    # the configured aliases and Orchard's built-in models (orchard/policies)
+    assert [m.id for m in client.models.list()] == ["down", "oracle", "plain", "policy", "slow", "smollm2"]
     reply = client.chat.completions.create(model="plain", messages=USER)
     assert reply.choices[0].message.content == "from a sandboxed harness"
     client.close()

@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from orchard.core.errors import InvalidRequest, ModelError, NotFound
 from orchard.gateway.budget import Budget
 
+# Models Orchard runs itself (orchard/policies), reached through litellm's custom-provider hook as provider
+# `orchard`. They need no config; an alias of the same name in `models` takes precedence.
+BUILTIN_MODELS = {"oracle": "orchard/oracle", "smollm2": "orchard/smollm2"}
+BUILTIN_PROVIDER_PREFIX = "orchard/"
+
 
 class ModelRoute(BaseModel):
     """Where an alias goes: a litellm model string (`openai/...`, `anthropic/...`, `hosted_vllm/...`) and,
@@ -103,10 +108,13 @@ class GatewayConfig(BaseModel):
                                  f"{f' (and {exc.error_count() - 1} more)' if exc.error_count() > 1 else ''}") from None
 
     def route(self, model: str) -> ModelRoute:
-        """The route for a requested model name: its alias, else (if allowed) the name as a litellm model."""
+        """The route for a requested model name: its alias, else a built-in model (oracle, smollm2), else
+        (if allowed) the name as a litellm model."""
         route = self.models.get(model)
         if route is not None:
             return route
+        if model in BUILTIN_MODELS:
+            return ModelRoute(model=BUILTIN_MODELS[model])
         if self.allow_any_model:
             return ModelRoute(model=model)
         configured = ", ".join(sorted(self.models)) or "none"

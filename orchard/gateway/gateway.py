@@ -15,7 +15,7 @@ from orchard.core.harness import ROLLOUT_KEY_HEADER
 from orchard.core.trajectory import LLMCall
 from orchard.gateway.budget import Budget, BudgetLedger, RolloutUsage
 from orchard.gateway.call_record import failure_record, new_call_id, success_record, total_tokens, utc_now_iso
-from orchard.gateway.config import GatewayConfig
+from orchard.gateway.config import BUILTIN_MODELS, GatewayConfig
 from orchard.gateway.provider import call_provider, effective_params, load_litellm
 from orchard.gateway.recorder import Recorder
 from orchard.gateway.wire import ChatCompletionRequest
@@ -57,7 +57,7 @@ class Gateway:
         call_id, started_at, start = new_call_id(), utc_now_iso(), time.perf_counter()
         try:
             answer = await call_provider(route, request, params, timeout_s=self.config.timeout_s,
-                                         num_retries=self.config.num_retries)
+                                         num_retries=self.config.num_retries, rollout_key=key)
         except OrchardError as exc:
             self.recorder.add(failure_record(
                 call_id=call_id, rollout_key=key, request=request, params=params, provider_model=route.model,
@@ -83,7 +83,7 @@ class Gateway:
         return given
 
     def models(self) -> list[str]:
-        return sorted(self.config.models)
+        return sorted(set(self.config.models) | set(BUILTIN_MODELS))
 
     def start_rollout(self, rollout_key: str, budget: Budget | None = None) -> RolloutState:
         """Start a rollout with its own budget (default: the config's), or change a running one's budget."""

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from orchard.core.errors import InvalidRequest, ModelError, ModelRateLimited, ModelUnreachable, OrchardError
-from orchard.gateway.config import ModelRoute
+from orchard.gateway.config import BUILTIN_PROVIDER_PREFIX, ModelRoute
 from orchard.gateway.wire import ChatCompletionRequest
 
 # Request fields a client may not set: they choose the server and credentials, which only the gateway's
@@ -40,6 +40,9 @@ def load_litellm() -> ModuleType:
     import litellm
 
     litellm.suppress_debug_info = True  # else it prints provider-list banners on stdout for unpriced models
+    from orchard.policies.litellm_provider import register
+
+    register(litellm)  # Orchard's own models (oracle, smollm2) as the litellm provider `orchard`
     return litellm
 
 
@@ -53,10 +56,15 @@ def effective_params(route: ModelRoute, request: ChatCompletionRequest) -> dict[
 
 
 def request_kwargs(route: ModelRoute, request: ChatCompletionRequest, params: dict[str, Any], *,
-                   timeout_s: float, num_retries: int) -> dict[str, Any]:
+                   timeout_s: float, num_retries: int, rollout_key: str | None = None) -> dict[str, Any]:
     kwargs = dict(params)
     kwargs.update(model=route.model, messages=request.messages, stream=False, num_retries=num_retries,
                   max_retries=0, timeout=route.timeout_s or timeout_s)
+    if route.model.startswith(BUILTIN_PROVIDER_PREFIX):
+        # Orchard's own models read the rollout key (the oracle plays the task registered under it)
+        from orchard.policies.litellm_provider import ROLLOUT_KEY_METADATA
+
+        kwargs["metadata"] = {ROLLOUT_KEY_METADATA: rollout_key}
     if route.api_base:
         kwargs["api_base"] = route.api_base
     api_key = route.resolved_api_key()
@@ -66,9 +74,10 @@ def request_kwargs(route: ModelRoute, request: ChatCompletionRequest, params: di
 
 
 async def call_provider(route: ModelRoute, request: ChatCompletionRequest, params: dict[str, Any], *,
-                        timeout_s: float, num_retries: int) -> ProviderAnswer:
+                        timeout_s: float, num_retries: int, rollout_key: str | None = None) -> ProviderAnswer:
     litellm = load_litellm()
-    kwargs = request_kwargs(route, request, params, timeout_s=timeout_s, num_retries=num_retries)
+    kwargs = request_kwargs(route, request, params, timeout_s=timeout_s, num_retries=num_retries,
+                            rollout_key=rollout_key)
     try:
         response = await litellm.acompletion(**kwargs)
     except Exception as exc:  # litellm raises many types (and wraps unknown ones): classify them all

@@ -1,0 +1,213 @@
+"""The oracle policy: a "model" that solves a task by playing its reference patch through the harness's own
+tools. An eval run with it checks the whole pipeline (harness, sandbox, patch extraction, grader) without a
+real model: every task should come out resolved.
+
+The eval runner registers the task for a rollout before the harness runs (`register(rollout_key, task)`,
+in the gateway's process) and unregisters it afterwards. The oracle keeps no state per conversation: the
+next action follows from how many oracle actions the request's `messages` already hold, so a retried or
+replayed request gets the same answer. The plan:
+
+1. apply the patch in the task's workdir (`git apply` of a quoted heredoc, or of base64 where the
+   harness's text format could not carry the patch verbatim);
+2. show what changed (`git status --short && git diff --stat`). The FAIL_TO_PASS tests are not run: they
+   usually come with the grader's test patch, which the agent never sees, and pytest would leave caches in
+   the working tree that the runner's `git add -A` would pick up as part of the agent's change;
+3. submit: the `submit`-like tool if offered, else mini-swe-agent's `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.
+
+How each action is sent depends on the request's `tools`: a call of the shell tool (whatever its name and
+argument), or, with no tools, one command block in the text format mini-swe-agent's text mode parses
+(```mswea_bash_command, <mswea_bash_command>, or ```bash, read from the prompt)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from orchard.core.errors import InvalidRequest, NotFound
+from orchard.core.task import Task
+from orchard.policies.tool_specs import find_shell_tool, find_submit_tool, required_arguments, tool_specs
+
+ORACLE_MARK = "[orchard oracle]"
+TOOL_CALL_ID_PREFIX = "call_oracle_"
+MINI_SWE_AGENT_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+SUBMIT_SUMMARY = "Applied the task's reference patch."
+PLAN_LENGTH = 3
+
+_tasks: dict[str, Task] = {}
+_tasks_lock = threading.Lock()
+
+
+# --- registry ---------------------------------------------------------------------------------------
+
+def register(rollout_key: str, task: Task) -> None:
+    """Let the oracle answer the calls of `rollout_key` by playing `task`'s reference patch."""
+    _reference_patch(task)  # refuse now, not at the first model call, a task the oracle cannot play
+    if not rollout_key:
+        raise InvalidRequest("the oracle needs a non-empty rollout key to register a task under")
+    with _tasks_lock:
+        _tasks[rollout_key] = task
+
+
+def unregister(rollout_key: str) -> None:
+    """Forget the task of `rollout_key` (nothing happens if none is registered)."""
+    with _tasks_lock:
+        _tasks.pop(rollout_key, None)
+
+
+def registered_task(rollout_key: str | None) -> Task:
+    with _tasks_lock:
+        task = _tasks.get(rollout_key) if rollout_key else None
+    if task is None:
+        which = f"rollout {rollout_key!r}" if rollout_key else "a call without a rollout key"
+        raise NotFound(f"the oracle has no task for {which}: call orchard.policies.oracle.register(rollout_key, "
+                       "task) in the gateway's process before the harness runs, and send the rollout key with "
+                       "every call (header X-Orchard-Rollout-Key or base URL /r/<key>/v1)")
+    return task
+
+
+# --- the policy ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OracleReply:
+    message: dict[str, Any]  # an OpenAI assistant message: content and/or tool_calls
+    finish_reason: str
+
+
+def respond(rollout_key: str | None, messages: list[dict[str, Any]],
+            tools: list[dict[str, Any]] | None) -> OracleReply:
+    """The next assistant message for the registered task of `rollout_key`."""
+    return next_message(registered_task(rollout_key), messages, tools)
+
+
+def next_message(task: Task, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> OracleReply:
+    done = sum(1 for message in messages if _is_oracle_action(message))
+    step = min(done, PLAN_LENGTH - 1)  # after the plan: submit again (the harness did not stop)
+    specs = tool_specs(tools)
+    workdir = shlex.quote(task.environment.workdir)
+    if not specs:
+        return _text_reply(task, messages, step, workdir)
+    shell = find_shell_tool(specs)
+    submit = find_submit_tool(specs)
+    if shell is None and not (step == PLAN_LENGTH - 1 and submit is not None):
+        offered = ", ".join(spec.name for spec in specs)
+        raise InvalidRequest(f"the oracle plays the reference patch through a shell tool, but the request's tools "
+                             f"({offered}) have none that runs a command (like bash(command)); offer one, or "
+                             "send no tools for the text format")
+    call_id = f"{TOOL_CALL_ID_PREFIX}{done}"
+    if step == 0:
+        return _tool_reply(step, "apply the reference patch", call_id, shell.name,
+                           shell.arguments(_apply_command(_reference_patch(task), workdir, heredoc=True)))
+    if step == 1:
+        return _tool_reply(step, "check the change", call_id, shell.name, shell.arguments(_check_command(workdir)))
+    if submit is not None:
+        return _tool_reply(step, "submit", call_id, submit.name, required_arguments(submit, SUBMIT_SUMMARY))
+    return _tool_reply(step, "submit", call_id, shell.name, shell.arguments(MINI_SWE_AGENT_SUBMIT))
+
+
+# --- actions ---------------------------------------------------------------------------------------
+
+def _reference_patch(task: Task) -> str:
+    patch = getattr(task.grader, "reference_patch", None)
+    if not patch or not patch.strip():
+        raise InvalidRequest(f"task {task.id!r} has no reference patch (its grader's reference_patch is empty), so "
+                             "the oracle cannot play it; use the oracle only with SWE tasks that carry their gold "
+                             "patch")
+    return patch
+
+
+def _apply_command(patch: str, workdir: str, *, heredoc: bool) -> str:
+    if heredoc:
+        delimiter = "ORCHARD_PATCH_EOF"
+        while delimiter in patch:
+            delimiter += "_X"
+        body = patch if patch.endswith("\n") else patch + "\n"
+        return f"cd {workdir} && git apply -v <<'{delimiter}'\n{body}{delimiter}"
+    encoded = base64.b64encode(patch.encode()).decode()
+    return f"cd {workdir} && printf '%s' '{encoded}' | base64 -d | git apply -v"
+
+
+def _check_command(workdir: str) -> str:
+    return f"cd {workdir} && git status --short && git diff --stat"
+
+
+def _thought(step: int, what: str) -> str:
+    return f"{ORACLE_MARK} Step {step + 1} of {PLAN_LENGTH}: {what}."
+
+
+def _tool_reply(step: int, what: str, call_id: str, name: str, arguments: dict[str, Any]) -> OracleReply:
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+    return OracleReply(message={"role": "assistant", "content": _thought(step, what), "tool_calls": [call]},
+                       finish_reason="tool_calls")
+
+
+# --- the text format (no tools) --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TextActionFormat:
+    opening: str
+    closing: str
+
+    def wrap(self, command: str) -> str:
+        return f"{self.opening}\n{command}\n{self.closing}"
+
+    def carries(self, text: str) -> bool:
+        """Whether `text` survives inside one block (a non-greedy regex ends the block at the first closing)."""
+        return self.closing not in text and self.opening not in text
+
+
+MSWEA_FENCE = TextActionFormat("```mswea_bash_command", "```")  # mini-swe-agent >= 2 text mode
+MSWEA_XML = TextActionFormat("<mswea_bash_command>", "</mswea_bash_command>")
+BASH_FENCE = TextActionFormat("```bash", "```")  # mini-swe-agent 1.x and most other text-mode agents
+_FENCE_LABEL = re.compile(r"```(bash|sh|shell|mswea_bash_command)[ \t]*\n")
+
+
+def text_action_format(messages: list[dict[str, Any]]) -> TextActionFormat:
+    """The command block the harness's prompt asks for (system and user messages), ```bash if it shows none."""
+    prompt = "\n".join(_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer", "user"))
+    if MSWEA_XML.opening in prompt:
+        return MSWEA_XML
+    match = _FENCE_LABEL.search(prompt)
+    if match is None:
+        return BASH_FENCE
+    return MSWEA_FENCE if match.group(1) == "mswea_bash_command" else TextActionFormat(f"```{match.group(1)}", "```")
+
+
+def _text_reply(task: Task, messages: list[dict[str, Any]], step: int, workdir: str) -> OracleReply:
+    form = text_action_format(messages)
+    if step == 0:
+        patch = _reference_patch(task)
+        command = _apply_command(patch, workdir, heredoc=form.carries(patch))
+        what = "apply the reference patch"
+    elif step == 1:
+        command, what = _check_command(workdir), "check the change"
+    else:
+        command, what = MINI_SWE_AGENT_SUBMIT, "submit"
+    content = f"THOUGHT: {_thought(step, what)}\n\n{form.wrap(command)}"
+    return OracleReply(message={"role": "assistant", "content": content}, finish_reason="stop")
+
+
+# --- reading the conversation ----------------------------------------------------------------------
+
+def _is_oracle_action(message: dict[str, Any]) -> bool:
+    """An assistant message the oracle wrote: its mark in the text, or its tool-call id (either survives
+    harnesses that drop the other)."""
+    if message.get("role") != "assistant":
+        return False
+    if ORACLE_MARK in _text(message.get("content")):
+        return True
+    return any(isinstance(call, dict) and str(call.get("id", "")).startswith(TOOL_CALL_ID_PREFIX)
+               for call in message.get("tool_calls") or [])
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+

