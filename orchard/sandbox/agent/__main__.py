@@ -6,7 +6,6 @@ listening it prints `READY <address>` (with the bound port for tcp:...:0) and no
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -53,16 +52,43 @@ def _size_from_env(name: str, default: int) -> int:
     return value
 
 
-def main(argv=None):
+def _parse_with_argparse(argv):
+    import argparse
+
     parser = argparse.ArgumentParser(prog="orchard_agent", description="Orchard's in-sandbox agent")
     parser.add_argument("--listen", required=True, help="unix:PATH or tcp:HOST:PORT (port 0: any free one)")
     parser.add_argument("--workdir", default=None, help="default cwd for commands and relative paths")
     args = parser.parse_args(argv)
+    return args.listen, args.workdir
+
+
+def parse_args(argv):
+    """(listen, workdir). The command lines backends write (`--listen X --workdir Y`, or `--opt=X`) are
+    read directly; anything else (--help, a typo, a missing value) goes to argparse, whose import (~1.5 ms)
+    every sandbox's start would otherwise pay."""
+    options = {"--listen": None, "--workdir": None}
+    i = 0
+    while i < len(argv):
+        name, equals, value = argv[i].partition("=")
+        if not equals:
+            value = argv[i + 1] if i + 1 < len(argv) else None
+            i += 1
+        if name not in options or value is None or value.startswith("-"):
+            return _parse_with_argparse(argv)
+        options[name] = value
+        i += 1
+    if options["--listen"] is None:
+        return _parse_with_argparse(argv)
+    return options["--listen"], options["--workdir"]
+
+
+def main(argv=None):
+    listen, workdir_arg = parse_args(sys.argv[1:] if argv is None else argv)
 
     token = _read_token()
     for name in SCRUBBED_ENV:
         os.environ.pop(name, None)
-    workdir = os.path.abspath(args.workdir or os.getcwd())
+    workdir = os.path.abspath(workdir_arg or os.getcwd())
     try:
         os.makedirs(workdir, exist_ok=True)
     except OSError as exc:
@@ -71,9 +97,9 @@ def main(argv=None):
                            max_body=_size_from_env("ORCHARD_AGENT_MAX_BODY", DEFAULT_MAX_BODY),
                            max_json=_size_from_env("ORCHARD_AGENT_MAX_JSON", DEFAULT_MAX_JSON))
     try:
-        server = make_server(args.listen, context)
+        server = make_server(listen, context)
     except (ValueError, OSError) as exc:
-        _fail("cannot listen on %s: %s" % (args.listen, exc))
+        _fail("cannot listen on %s: %s" % (listen, exc))
 
     # SIGTERM ends serve_forever through SystemExit, so the finally below still cleans up.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))

@@ -1,12 +1,12 @@
 """`/files`: read (streamed from disk with sendfile), write (streamed to a temp file beside the target,
-fsync'd, then renamed over it so readers never see half a file), delete, stat and list."""
+fsync'd, then renamed over it so readers never see half a file), delete, stat and list.
+
+shutil and tempfile are imported by the handlers that use them: every sandbox's start would pay for them."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat as stat_module
-import tempfile
 
 from .wire import CHUNK, bad_request, not_found
 
@@ -76,6 +76,8 @@ def handle_write(req) -> dict:
             mode = stat_module.S_IMODE(os.stat(path).st_mode)
         except OSError:
             mode = 0o666 & ~req.context.umask
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(dir=parent, prefix="." + os.path.basename(path) + ".", suffix=".orchard-tmp")
     size = 0
     try:
@@ -106,6 +108,8 @@ def handle_delete(req) -> dict:
         raise _missing(path)
     if os.path.isdir(path) and not os.path.islink(path):
         if recursive:
+            import shutil
+
             shutil.rmtree(path)
         else:
             try:

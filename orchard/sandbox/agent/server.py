@@ -1,9 +1,9 @@
-"""The agent's HTTP/1.1 server: a threaded stdlib server on a Unix socket or TCP, keep-alive connections,
-bearer-token auth, routing to the endpoint handlers, and JSON error bodies for every failure."""
+"""The agent's HTTP/1.1 server: a threaded `socketserver` server on a Unix socket or TCP, keep-alive
+connections, bearer-token auth, routing to the endpoint handlers, and JSON error bodies for every failure.
+Request heads are read by http1.py; bodies and responses are wire.py's."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import re
@@ -11,11 +11,16 @@ import socket
 import socketserver
 import stat
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote
 
-from . import VERSION, execs, files, sessions, tars
-from .wire import ApiError, Request, log_error
+from . import VERSION, execs, files, http1, sessions, tars
+from .wire import ApiError, Request, log_error, unquote
+
+try:
+    # The constant-time comparison hmac.compare_digest falls back to; importing hmac itself would load
+    # hashlib and its digests, a millisecond of every sandbox's start.
+    from _operator import _compare_digest as compare_digest
+except ImportError:  # another Python implementation
+    from hmac import compare_digest
 
 # How much of a body a handler left unread is drained so the connection can be reused; more than this and
 # the connection is closed after the response instead.
@@ -48,6 +53,8 @@ PATTERN_ROUTES = [
     ("POST", re.compile(r"^/sessions/([^/]+)/interrupt$"), sessions.handle_interrupt),
     ("DELETE", re.compile(r"^/sessions/([^/]+)$"), sessions.handle_delete),
 ]
+# Methods some endpoint has; any other is refused before auth and routing.
+METHODS = frozenset(method for method, _ in EXACT_ROUTES) | {method for method, _, _ in PATTERN_ROUTES}
 
 
 def route(method: str, path: str):
@@ -69,37 +76,64 @@ def route(method: str, path: str):
                    % (method, path))
 
 
-class AgentHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: one connection serves many requests
-    server_version = "orchard-agent/" + VERSION
+class AgentHandler(socketserver.StreamRequestHandler):
+    """One connection: its requests are read and answered in turn while the client keeps it alive. Each
+    response is one socket write (wire.Request), so no TCP delay is ever waited for."""
 
     def setup(self):
         # TCP_NODELAY: streamed responses are several writes, and Nagle would hold each back ~40 ms.
         self.disable_nagle_algorithm = self.server.address_family != socket.AF_UNIX
         super().setup()
 
-    def log_message(self, format, *args):
-        pass  # no per-request logging: it costs latency; errors go to stderr via log_error
+    def handle(self):
+        self.close_connection = False
+        while not self.close_connection:
+            self._serve_one()
 
-    def send_error(self, code, message=None, explain=None):
-        """Protocol-level failures found by http.server itself (bad request line, unknown method)."""
-        if code == 501:  # a method no endpoint has (PATCH, HEAD, ...)
-            code, message = 405, "method %s is not supported by any endpoint" % self.command
-        body = json.dumps({"error": "invalid_request" if code < 500 else "error",
-                           "message": message or self.responses.get(code, ("",))[0]}).encode()
+    def _serve_one(self):
+        self.close_connection = True  # unless the request proves the connection can carry another
+        try:
+            head = http1.read_head(self.rfile)
+        except http1.HeadError as exc:
+            self._refuse(exc.status, exc.message)
+            return
+        except OSError:  # reset by the client: nobody to answer
+            return
+        if head is None:
+            return
+        self.command, self.path, self.headers = head.method, head.target, head.headers
+        self.close_connection = not head.keep_alive
+        if self.command not in METHODS:  # a method no endpoint has (PATCH, HEAD, ...)
+            self._refuse(405, "method %s is not supported by any endpoint; see docs/agent-protocol.md"
+                         % self.command)
+            return
+        if head.expects_continue:
+            try:
+                self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError:
+                self.close_connection = True
+                return
+        self._dispatch()
+
+    def _refuse(self, status: int, message: str):
+        """Answer a request refused before routing, and close the connection (what follows on it cannot
+        be told apart from the rest of this request)."""
         self.close_connection = True
+        body = json.dumps({"error": "invalid_request" if status < 500 else "error",
+                           "message": message}).encode("utf-8")
         try:
             self.wfile.write(("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                              "Connection: close\r\n\r\n" % (code, self.responses.get(code, ("",))[0],
-                                                             len(body))).encode("latin-1") + body)
+                              "Connection: close\r\n\r\n" % (status, http1.REASONS.get(status, ""), len(body))
+                              ).encode("latin-1") + body)
         except OSError:
-            pass
+            return
+        self._linger()
 
     def _authorize(self):
         scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
         expected = self.server.context.token.encode("utf-8")
         if not (scheme.lower() == "bearer"
-                and hmac.compare_digest(token.strip().encode("utf-8", "replace"), expected)):
+                and compare_digest(token.strip().encode("utf-8", "replace"), expected)):
             raise ApiError(401, "unauthorized",
                            "missing or wrong token: send 'Authorization: Bearer <token>' with the token of "
                            "this sandbox")
@@ -130,8 +164,6 @@ class AgentHandler(BaseHTTPRequestHandler):
             error = ApiError(500, "error", "the agent failed on %s %s: %s: %s"
                              % (self.command, path, type(exc).__name__, exc))
         self._answer_error(req, error)
-
-    do_GET = do_POST = do_PUT = do_DELETE = _dispatch
 
     def _body_finished(self, req: Request) -> bool:
         try:
@@ -168,19 +200,15 @@ class AgentHandler(BaseHTTPRequestHandler):
             pass
 
 
-class _AgentServerBase(ThreadingHTTPServer):
+class _AgentServerBase(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True  # a stuck connection never keeps the agent from exiting
     block_on_close = False
     request_queue_size = 128
+    allow_reuse_address = True
 
     def __init__(self, address, context):
         self.context = context
         super().__init__(address, AgentHandler)
-
-    def server_bind(self):
-        # HTTPServer.server_bind resolves the host name (getfqdn), which can stall without DNS.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = "agent", 0
 
 
 class TCPAgentServer(_AgentServerBase):

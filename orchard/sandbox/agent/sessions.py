@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import threading
@@ -69,6 +67,8 @@ class _Captured:
 
 def _shell_argv(env: dict):
     """(executable, argv, is_bash): bash when the sandbox has it, else POSIX sh."""
+    import shutil  # here, not at the agent's start, which every sandbox creation waits for
+
     bash = shutil.which("bash", path=env.get("PATH") or os.defpath)
     if bash:  # argv[0] "bash", whatever the path: it prefixes bash's own messages
         return bash, ["bash", "--noprofile", "--norc", "--noediting", "-i"], True
@@ -160,7 +160,7 @@ class ShellSession:
                     "truncated": out.truncated, "duration_s": round(time.monotonic() - start, 6)}
 
     def _send(self, command: str) -> str:
-        token = secrets.token_hex(8)
+        token = os.urandom(8).hex()  # what secrets.token_hex(8) is, without importing secrets at start
         # The marker is printed from two halves, so it never appears whole in the input the shell may
         # echo (set -v / set -x): only the printf output can match.
         first, second = "__orchard_end_", token + "__"

@@ -1,14 +1,14 @@
 """`/tar`: directories as tar streams. GET streams a tar of a directory's contents as it is read; PUT
 extracts a streamed tar into a temp directory beside the target, refusing anything that could land outside
 it (absolute names, `..`, links pointing out, devices), and only then moves the result into place — a
-refused or broken archive leaves the target untouched."""
+refused or broken archive leaves the target untouched.
+
+tarfile, shutil and tempfile are imported on the first tar request, not at the start of every sandbox
+(together they cost several milliseconds there)."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tarfile
-import tempfile
 
 from .wire import CHUNK, bad_request, not_found
 
@@ -22,6 +22,8 @@ def handle_download(req):
     if not os.path.isdir(root):
         raise bad_request("%s is not a directory; use GET /files to read a file" % root)
     names = sorted(os.listdir(root))
+    import tarfile
+
     writer = req.start_chunked("application/x-tar")
     # An error after this point (a file unreadable mid-way) propagates: the server then closes the
     # connection without the final chunk, so the client sees a broken download, never a short "success".
@@ -35,6 +37,9 @@ def handle_upload(req) -> dict:
     root = req.context.resolve(req.param("path", required=True))
     if os.path.lexists(root) and not os.path.isdir(root):
         raise bad_request("%s exists and is not a directory; pick a directory path to extract into" % root)
+    import shutil
+    import tempfile
+
     body = req.body()
     parent = os.path.dirname(root)
     try:
@@ -77,6 +82,8 @@ def _inside(root: str, path: str) -> bool:
 
 def _clear(target: str):
     """Remove what a later member replaces, so nothing is ever written through an existing symlink."""
+    import shutil
+
     if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
         os.unlink(target)
     elif os.path.isdir(target):
@@ -84,6 +91,9 @@ def _clear(target: str):
 
 
 def _extract(body, tmp: str) -> int:
+    import shutil
+    import tarfile
+
     tmp = os.path.realpath(tmp)
     count = 0
     dirs = []
@@ -147,6 +157,8 @@ def _extract(body, tmp: str) -> int:
 def _merge(src: str, dst: str):
     """Move the extracted tree into an existing directory: same-named files are replaced (each by one
     rename), directories are merged, what the archive does not name is kept."""
+    import shutil
+
     for name in os.listdir(src):
         s, d = os.path.join(src, name), os.path.join(dst, name)
         s_dir = os.path.isdir(s) and not os.path.islink(s)

@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import os
 import re
 import shutil
 import signal
-import ssl
 import stat
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-
-import httpx
 
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
@@ -37,8 +33,8 @@ from orchard.sandbox.backends.base import BackendSandbox
 from orchard.sandbox.backends.bwrap import (RUN_MOUNT_POINT, SOCKET_NAME, SandboxPaths, bwrap_args,
                                             find_bwrap, sandbox_env, validate_disk, validate_image,
                                             validate_network)
-from orchard.sandbox.backends.local_launch import (launch_argv, read_info, spawn, wait_ready_line,
-                                                   writable_subdirs)
+from orchard.sandbox.backends.local_launch import (check_health, launch_argv, read_info, spawn,
+                                                   wait_ready_line, writable_subdirs)
 from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
                                                   write_record)
@@ -50,16 +46,11 @@ SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 # A directory without meta.json this old is a create that crashed before recording anything.
 STALE_UNRECORDED_S = 60.0
+HEALTH_TIMEOUT_S = 10.0
 
 
 def orchard_home() -> Path:
     return Path(os.environ.get("ORCHARD_HOME") or Path.home() / ".orchard")
-
-
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    # httpx builds a fresh default SSL context per client (~20 ms); the socket is plain HTTP anyway.
-    return ssl.create_default_context()
 
 
 class LocalBackend:
@@ -149,7 +140,8 @@ class LocalBackend:
                     (paths.writable_dir / sub).mkdir()
             cg = cgroups.create_cgroups(self._key(sandbox_id), spec)
             handle.cgroups = cg.paths if cg else []
-            # Recorded at each step, so that list_live can clean up after a crash at any point.
+            # Recorded before anything runs and again once its processes are known, so that list_live can
+            # clean up after a crash at any point (the cgroups hold every process of the sandbox).
             write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
 
             agent_argv = bundle.launch_argv(listen=f"unix:{RUN_MOUNT_POINT}/{SOCKET_NAME}",
@@ -160,25 +152,24 @@ class LocalBackend:
                 paths)
             self._children[sandbox_id] = proc
             handle.pid, handle.pid_start = proc.pid, process_start_time(proc.pid) or 0
-            write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
-
             try:
+                # bwrap reports the namespace init as soon as it exists: it is recorded with the monitor's
+                # pid while the agent starts, the long wait of a create, instead of after it.
+                info = await read_info(info_r, self.ready_timeout_s)
+                if info.get("child-pid"):
+                    handle.init_pid = int(info["child-pid"])
+                    handle.init_start = process_start_time(handle.init_pid)
+                write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
                 await wait_ready_line(proc, self.ready_timeout_s)
             except TimeoutError:
                 raise BackendError(f"the agent did not start within {self.ready_timeout_s:g} s") from None
-            finally:
-                info = read_info(info_r)
-            if info.get("child-pid"):
-                handle.init_pid = int(info["child-pid"])
-                handle.init_start = process_start_time(handle.init_pid)
-            write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
             _publish_socket(paths)
-            await _check_health(paths.socket)
+            await check_health(paths.socket, HEALTH_TIMEOUT_S)
             return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=handle.model_dump())
         except BaseException as e:
             agent_log = _tail(paths.log_file)
             self._destroy(sandbox_id, handle)
-            if isinstance(e, (BackendError, OSError, httpx.HTTPError)):
+            if isinstance(e, (BackendError, OSError)):
                 raise BackendError(f"sandbox {sandbox_id} failed to start: {e}"
                                    + (f"; agent output: {agent_log}" if agent_log else "")) from e
             raise
@@ -294,14 +285,6 @@ def _publish_socket(paths: SandboxPaths) -> None:
     os.link(paths.agent_socket, paths.socket, follow_symlinks=False)
     if not stat.S_ISSOCK(os.lstat(paths.socket).st_mode):
         raise BackendError(f"{paths.agent_socket} is not the agent's socket")
-
-
-async def _check_health(socket: Path) -> None:
-    transport = httpx.AsyncHTTPTransport(uds=str(socket), verify=_ssl_context())
-    async with httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=10.0) as client:
-        response = await client.get("/health")
-    if response.status_code != 200 or response.json().get("status") != "ok":
-        raise BackendError(f"the agent's /health answered {response.status_code}: {response.text[:200]}")
 
 
 def _kill(pid: int | None) -> None:

@@ -25,6 +25,8 @@ from orchard.sandbox.backends.cgroups import CgroupSet
 
 log = logging.getLogger(__name__)
 
+# The agent's /health answer is a few dozen bytes; anything past this is not the agent.
+MAX_HEALTH_RESPONSE = 1 << 16
 HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 # Runs in the private mount namespace: $1 size in MiB, $2 the dir to mount on, $3 the subdirectories to
 # create there (space separated), then the command.
@@ -71,15 +73,16 @@ def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSp
 def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int], list[str]],
           paths: SandboxPaths) -> tuple[subprocess.Popen, int]:
     """Start the sandbox; returns the process (bwrap's monitor once the shell has exec'd) and the read
-    end of bwrap's info pipe. The makers get the fd numbers (args file, info pipe) the child will see."""
+    end of bwrap's info pipe. The makers get the fd numbers (bwrap's arguments, info pipe) the child will
+    see. The arguments are handed over in an anonymous memory file: nothing to create, reopen and unlink."""
     info_r, info_w = os.pipe()
     child_fds = [info_w]
     try:
-        fd = os.open(paths.args_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w)))
-        args_fd = os.open(paths.args_file, os.O_RDONLY)
+        args_fd = os.memfd_create("orchard-bwrap-args")
         child_fds.append(args_fd)
+        with open(args_fd, "wb", closefd=False) as f:
+            f.write(b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w)))
+        os.lseek(args_fd, 0, os.SEEK_SET)  # the child shares this offset: bwrap must read from the start
         log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         child_fds.append(log_fd)
         proc = subprocess.Popen(make_argv(args_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -93,7 +96,6 @@ def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int]
     finally:
         for fd in child_fds:
             os.close(fd)
-        paths.args_file.unlink(missing_ok=True)
     return proc, info_r
 
 
@@ -114,18 +116,71 @@ async def wait_ready_line(proc: subprocess.Popen, timeout: float) -> str:
         transport.close()
 
 
-def read_info(info_r: int) -> dict:
-    """bwrap's `--info-fd` report (has `child-pid`); {} when bwrap never wrote it."""
+async def read_info(info_r: int, timeout: float) -> dict:
+    """bwrap's `--info-fd` report (has `child-pid`), taken as soon as it is complete: bwrap writes it right
+    after making the sandbox's namespaces, long before the agent is up. {} when bwrap exits without writing
+    it. Closes `info_r`."""
+    loop = asyncio.get_running_loop()
+    complete = loop.create_future()
+    data = bytearray()
+
+    def on_readable() -> None:
+        try:
+            while chunk := os.read(info_r, 65536):
+                data.extend(chunk)
+        except BlockingIOError:
+            if not _parse_info(data):
+                return  # more to come
+        except OSError:
+            pass  # unreadable: as if bwrap wrote nothing more
+        if not complete.done():  # the report is complete, or bwrap closed the pipe (EOF)
+            complete.set_result(None)
+
     os.set_blocking(info_r, False)
-    data = b""
+    loop.add_reader(info_r, on_readable)
     try:
-        while chunk := os.read(info_r, 65536):
-            data += chunk
-    except BlockingIOError:
-        pass
+        await asyncio.wait_for(complete, timeout)
     finally:
+        loop.remove_reader(info_r)
         os.close(info_r)
+    return _parse_info(data)
+
+
+def _parse_info(data: bytes) -> dict:
     try:
-        return json.loads(data) if data else {}
+        info = json.loads(data) if data.rstrip().endswith(b"}") else {}
     except ValueError:
         return {}
+    return info if isinstance(info, dict) else {}
+
+
+async def check_health(socket: Path, timeout: float) -> None:
+    """One `GET /health` on the agent's published socket; BackendError unless it answers 200 with status
+    ok. A plain request on a fresh connection (the agent closes it after answering): an httpx client built
+    for this one request cost each create ~1-2 ms more."""
+    async def exchange() -> bytes:
+        reader, writer = await asyncio.open_unix_connection(str(socket))
+        try:
+            writer.write(b"GET /health HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\r\n")
+            response = bytearray()
+            while chunk := await reader.read(65536):
+                response.extend(chunk)
+                if len(response) > MAX_HEALTH_RESPONSE:
+                    break
+            return bytes(response)
+        finally:
+            writer.close()
+
+    try:
+        response = await asyncio.wait_for(exchange(), timeout)
+    except TimeoutError:
+        raise BackendError(f"the agent's /health did not answer within {timeout:g} s") from None
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if status_line.split(" ")[1:2] != ["200"] or not isinstance(answer, dict) or answer.get("status") != "ok":
+        raise BackendError(f"the agent's /health answered {status_line or 'nothing'!r}: "
+                           f"{body[:200].decode(errors='replace')}")

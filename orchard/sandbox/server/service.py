@@ -156,12 +156,10 @@ class SandboxService:
             # runs without a record as an orphan.
             self.store.insert(record)
             made = await self.backend.create(sandbox_id, spec, token)
-            current = self.store.get(sandbox_id)
-            if current is None or current.info.state != "creating":  # deleted meanwhile (another instance)
-                raise SandboxLost(f"sandbox {sandbox_id} was deleted while it was being created")
             record.backend = made
             info.agent_url, info.state, info.last_heartbeat = made.agent_url, "ready", time.time()
-            self.store.save(record)
+            if not self.store.update_if_state(record, "creating"):  # deleted meanwhile (another instance)
+                raise SandboxLost(f"sandbox {sandbox_id} was deleted while it was being created")
             return info.model_copy(deep=True)
         except BaseException as e:
             # Shielded: a cancelled caller must not leave a half-made sandbox behind.

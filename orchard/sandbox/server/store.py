@@ -80,6 +80,18 @@ class SandboxStore:
             "INSERT OR REPLACE INTO sandboxes (id, service_id, state, owner, finished_at, record) "
             "VALUES (?,?,?,?,?,?)", _row(record))
 
+    def update_if_state(self, record: SandboxRecord, state: str) -> bool:
+        """Write the record only while its stored state is still `state`, in one statement (nothing can
+        change it in between); False when the row is gone or has moved on."""
+        info = record.info
+        with self._lock:
+            cursor = self._db.execute(
+                "UPDATE sandboxes SET service_id = ?, state = ?, owner = ?, finished_at = ?, record = ? "
+                "WHERE id = ? AND state = ?",
+                (record.service_id, info.state, info.owner, record.finished_at, record.model_dump_json(),
+                 info.id, state))
+            return cursor.rowcount == 1
+
     def get(self, sandbox_id: str) -> SandboxRecord | None:
         rows = self._read("SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,))
         return SandboxRecord.model_validate_json(rows[0][0]) if rows else None
