@@ -91,6 +91,19 @@ async def test_embedded_spec_and_fields_merge_and_bad_fields_are_invalid_request
             await orch.create(detach=True)
 
 
+async def test_upload_directory_into_a_workdir_under_a_read_only_root(home, tmp_path):
+    """The workdir is mounted under the host's read-only root: uploading a tree into it must stage the
+    extraction inside the workdir itself, and merge with what is already there."""
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "mod.py").write_text("X = 1\n")
+    async with AsyncOrchard() as orch:
+        sandbox = await orch.create(image="host", workdir="/testbed")
+        await sandbox.write_file("keep.txt", b"kept")
+        await sandbox.upload(tmp_path / "src", "/testbed")
+        listing = await sandbox.exec("ls -A /testbed; cat pkg/mod.py keep.txt")
+        assert listing.stdout == "keep.txt\npkg\nX = 1\nkept", listing
+
+
 async def test_sandbox_close_deletes_it_and_connect_only_attaches(home):
     async with AsyncOrchard() as orch:
         owned = await orch.create()

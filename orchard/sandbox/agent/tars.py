@@ -41,16 +41,19 @@ def handle_upload(req) -> dict:
     import tempfile
 
     body = req.body()
-    parent = os.path.dirname(root)
+    exists = os.path.isdir(root)
+    # Stage on the same filesystem as the result: inside an existing DIR (its parent may be read-only,
+    # e.g. a workdir mounted under a read-only root), else beside it, where DIR itself will be created.
+    parent = root if exists else os.path.dirname(root)
     try:
         os.makedirs(parent, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise bad_request("cannot create %s: a parent of it is a file, not a directory" % root)
-    tmp = tempfile.mkdtemp(dir=parent, prefix="." + os.path.basename(root) + ".orchard-tar-")
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".orchard-tar-")
     try:
         os.chmod(tmp, 0o777 & ~req.context.umask)  # mkdtemp makes it 0700; it may become the target
         count = _extract(body, tmp)
-        if os.path.lexists(root):
+        if exists:
             _merge(tmp, root)
         else:
             os.rename(tmp, root)
