@@ -25,9 +25,10 @@ class BackendSandbox(BaseModel):
 class Backend(Protocol):
     name: str
 
-    async def create(self, sandbox_id: str, spec: SandboxSpec, token: str) -> BackendSandbox:
+    async def create(self, sandbox_id: str, spec: SandboxSpec, token: str, *, owner: str = "") -> BackendSandbox:
         """Start the sandbox and return once its agent answers /health. Raises InvalidRequest for a bad
-        spec (nothing is left behind) and BackendError when the substrate fails."""
+        spec (nothing is left behind) and BackendError when the substrate fails. `owner` is informational
+        (the Kubernetes backend records it on the Pod)."""
         ...
 
     async def delete(self, sandbox: BackendSandbox) -> None:

@@ -103,7 +103,7 @@ class LocalBackend:
 
     # ---- create --------------------------------------------------------------------------------------
 
-    async def create(self, sandbox_id: str, spec: SandboxSpec, token: str) -> BackendSandbox:
+    async def create(self, sandbox_id: str, spec: SandboxSpec, token: str, *, owner: str = "") -> BackendSandbox:
         if not SANDBOX_ID.fullmatch(sandbox_id):
             raise InvalidRequest(f"sandbox id {sandbox_id!r} is not valid: use 1-128 letters, digits, "
                                  "'_', '.' or '-', starting with a letter or digit")

@@ -10,6 +10,7 @@ from orchard.sandbox.backends.base import Backend
 
 BUILTIN_BACKENDS = {
     "local": "orchard.sandbox.backends.local:LocalBackend",
+    "kubernetes": "orchard.sandbox.backends.kubernetes:from_env",
 }
 
 

@@ -25,4 +25,6 @@ def backend_options(backend_name: str, home: Path) -> dict[str, Any]:
     """Options a backend gets from the home alone (the local backend's sandboxes live under it)."""
     if backend_name == "local":
         return {"root_dir": home / "sandboxes", "bundle_cache_dir": home / "cache"}
+    if backend_name == "kubernetes":  # the rest comes from ORCHARD_K8S_* and KUBECONFIG
+        return {"bundle_cache_dir": home / "cache"}
     return {}

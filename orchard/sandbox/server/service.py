@@ -155,7 +155,7 @@ class SandboxService:
             # The record exists before the backend makes anything: reconcile treats a sandbox the backend
             # runs without a record as an orphan.
             self.store.insert(record)
-            made = await self.backend.create(sandbox_id, spec, token)
+            made = await self.backend.create(sandbox_id, spec, token, owner=owner)
             record.backend = made
             info.agent_url, info.state, info.last_heartbeat = made.agent_url, "ready", time.time()
             if not self.store.update_if_state(record, "creating"):  # deleted meanwhile (another instance)

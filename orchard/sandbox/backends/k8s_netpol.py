@@ -1,0 +1,84 @@
+"""NetworkPolicy manifests for sandbox egress.
+
+One namespace-wide policy selects every Pod and allows no egress at all (network "none" is the default).
+NetworkPolicies are additive allowlists, so a sandbox with network "allowlist" or "open" gets one more
+policy of its own, selecting only its Pod by label:
+- "allowlist": one egress rule per entry, an `ipBlock` (a CIDR, or an IP as /32 or /128) with its TCP
+  and UDP port when the entry has one;
+- "open": a single empty egress rule (everything).
+NetworkPolicy selects by address only, so host names are refused (InvalidRequest): resolving them once at
+creation would silently go stale when the name moves. Enforcement needs a policy-capable CNI (Calico,
+Cilium, ...); without one the objects are stored and have no effect."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from orchard.core.errors import InvalidRequest
+from orchard.core.sandbox import NetworkPolicy
+from orchard.sandbox.backends.k8s_pods import (MANAGED_BY, MANAGED_BY_VALUE, SANDBOX_LABEL, policy_name,
+                                               sandbox_labels)
+
+DENY_ALL_EGRESS = "orchard-deny-all-egress"
+
+
+def deny_all_egress_manifest() -> dict:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": DENY_ALL_EGRESS, "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": []}}
+
+
+def parse_allow_entry(entry: str) -> tuple[str, int | None]:
+    """`CIDR`, `IP`, `IP:PORT` or `[IPv6]:PORT` → (cidr, port). Host names raise InvalidRequest."""
+    text = entry.strip()
+    port: int | None = None
+    host = text
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise InvalidRequest(f"network.allow entry {entry!r} is malformed; use [IPv6]:PORT")
+        if rest:
+            port = _port(rest[1:], entry)
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        port = _port(port_text, entry)
+    try:
+        network = ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        raise InvalidRequest(
+            f"network.allow entry {entry!r} is not an IP address or CIDR: Kubernetes NetworkPolicy selects "
+            "destinations by address only, so the kubernetes backend cannot allow a host name; give its "
+            "addresses as CIDRs (e.g. '203.0.113.7/32:443') or use network mode 'open'") from None
+    return str(network), port
+
+
+def _port(text: str, entry: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidRequest(f"network.allow entry {entry!r} has an invalid port {text!r}; use 1-65535")
+    return int(text)
+
+
+def sandbox_policy_manifest(sandbox_id: str, instance: str, network: NetworkPolicy) -> dict | None:
+    """The sandbox's own egress policy, or None for mode "none" (the namespace-wide deny applies)."""
+    if network.mode == "none":
+        return None
+    if network.mode == "open":
+        egress = [{}]
+    else:
+        egress = []
+        for entry in network.allow:
+            cidr, port = parse_allow_entry(entry)
+            rule: dict = {"to": [{"ipBlock": {"cidr": cidr}}]}
+            if port is not None:
+                rule["ports"] = [{"protocol": "TCP", "port": port}, {"protocol": "UDP", "port": port}]
+            egress.append(rule)
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": policy_name(sandbox_id), "labels": sandbox_labels(sandbox_id, instance)},
+            "spec": {"podSelector": {"matchLabels": {SANDBOX_LABEL: sandbox_id}},
+                     "policyTypes": ["Egress"], "egress": egress}}
+
+
+def validate_network(network: NetworkPolicy) -> None:
+    """Raise InvalidRequest for entries a NetworkPolicy cannot express, before anything is created."""
+    for entry in network.allow:
+        parse_allow_entry(entry)

@@ -1,0 +1,38 @@
+"""Finding the Kubernetes cluster the `k8s` tests run against: $KUBECONFIG, else the dev cluster of
+scripts/k8s/cluster.sh (its kubeconfig in ${ORCHARD_K8S_DIR:-~/.orchard/k8s}). Without a reachable
+cluster the tests are skipped, unless ORCHARD_K8S=1 says one must be there: then they fail."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_SCRIPT = REPO / "scripts" / "k8s" / "cluster.sh"
+
+
+def dev_kubeconfig() -> str | None:
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    path = Path(os.environ.get("ORCHARD_K8S_DIR") or Path.home() / ".orchard" / "k8s") / "kubeconfig"
+    return str(path) if path.is_file() else None
+
+
+def require_cluster() -> str:
+    """The kubeconfig to use; skips (or, with ORCHARD_K8S=1, fails) when no cluster answers."""
+    try:
+        from orchard.sandbox.backends.k8s_client import probe_cluster
+    except ImportError as e:
+        reason = f"the kubernetes client is not installed ({e}); pip install -e '.[k8s]'"
+    else:
+        kubeconfig = dev_kubeconfig()
+        reason = ("no kubeconfig: set KUBECONFIG or start the dev cluster (make k8s-up)" if kubeconfig is None
+                  else probe_cluster(kubeconfig))
+        if reason is None:
+            return kubeconfig
+    if os.environ.get("ORCHARD_K8S") == "1":
+        pytest.fail(f"ORCHARD_K8S=1 but no Kubernetes cluster is reachable: {reason}", pytrace=False)
+    pytest.skip(f"no Kubernetes cluster ({reason}); start one with `make k8s-up` or set ORCHARD_K8S=1 "
+                "to require it")
