@@ -13,10 +13,15 @@ REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "scripts" / "k8s" / "cluster.sh"
 
 
+def dev_cluster_kubeconfig() -> Path:
+    """Where scripts/k8s/cluster.sh writes the dev cluster's admin kubeconfig."""
+    return Path(os.environ.get("ORCHARD_K8S_DIR") or Path.home() / ".orchard" / "k8s") / "kubeconfig"
+
+
 def dev_kubeconfig() -> str | None:
     if os.environ.get("KUBECONFIG"):
         return os.environ["KUBECONFIG"]
-    path = Path(os.environ.get("ORCHARD_K8S_DIR") or Path.home() / ".orchard" / "k8s") / "kubeconfig"
+    path = dev_cluster_kubeconfig()
     return str(path) if path.is_file() else None
 
 

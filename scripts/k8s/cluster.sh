@@ -85,10 +85,12 @@ cluster_up() {
   phase "binaries" ensure_binaries
   record_outside_state
   phase "pki + tokens" generate_pki
+  phase "node address" add_node_address
   phase "etcd" start_etcd
   phase "kube-apiserver (/readyz)" start_apiserver
   phase "controller-mgr + scheduler" start_controllers
   phase "node network" setup_node_network
+  phase "API Service route" route_api_service
   phase "containerd" start_containerd
   phase "kubelet start" start_kubelet
   # Images import while the kubelet registers the node.

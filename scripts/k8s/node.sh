@@ -15,11 +15,15 @@ record_sysctls() {
   done
 }
 
-setup_node_network() {
+# The node IP comes first: the API server binds it (control-plane.sh), the kubelet serves on it.
+add_node_address() {
   if [[ "$(ip -o addr show dev lo)" != *" $NODE_IP/32 "* ]]; then
     record lo_address_added "$NODE_IP/32"
     ip addr add "$NODE_IP/32" dev lo
   fi
+}
+
+setup_node_network() {
   # Pod traffic through the host must pass where the FORWARD policy is DROP; tagged for teardown.
   local dir
   for dir in -i -o; do

@@ -19,7 +19,7 @@ kind: Config
 clusters:
 - name: orchard
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: https://$NODE_IP:$API_PORT
     certificate-authority: $PKI/ca.crt
 users:
 - name: $2

@@ -106,9 +106,11 @@ def pod_manifest(sandbox_id: str, spec: SandboxSpec, *, instance: str, owner: st
         "command": argv,
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
-        # Ready only once the agent answers: the orchestrator hands out the sandbox from that moment.
-        "readinessProbe": {"httpGet": {"path": "/health", "port": AGENT_PORT}, "periodSeconds": 1,
-                           "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 1},
+        # Ready (for Services, `kubectl get`) once the agent answers. `create` does not wait for it (it
+        # checks /health itself, about a second earlier), so a relaxed period spares the kubelet and
+        # the agent a probe per sandbox per second.
+        "readinessProbe": {"httpGet": {"path": "/health", "port": AGENT_PORT}, "periodSeconds": 5,
+                           "timeoutSeconds": 2, "successThreshold": 1, "failureThreshold": 2},
         "resources": resources(spec),
         # The agent's stderr becomes the termination message when it dies: a failed create says why.
         "terminationMessagePolicy": "FallbackToLogsOnError",

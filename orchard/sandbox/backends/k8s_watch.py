@@ -1,9 +1,15 @@
 """One pod watch per backend: a thread lists the backend's Pods, then watches them from that
 resourceVersion, keeps the latest state of each and settles the futures of creates waiting for their Pod
-to become Ready (or to fail). No polling: the API server pushes every change.
+to start its agent (or to fail). No polling: the API server pushes every change.
 
 A create registers its waiter before it creates the Pod, so no event is missed. Outcomes (`pod_outcome`):
-Ready with an IP → the Pod; a bad image or a dead container → an error at once; deleted → an error."""
+an IP and the agent starting (injector done, sandbox container running, or Ready) → the Pod; a bad image
+or a dead container → an error at once; deleted → an error.
+
+Why not wait for Ready: the kubelet notices container state changes on its 1 s relist, so "injector
+done → sandbox running → Ready" costs up to three 1 s steps. The sandbox container starts as soon as the
+kubelet has seen the injector finish; from there the orchestrator's own /health check on the Pod IP
+(k8s_health.py) finds the agent up about a second before the kubelet would report it."""
 
 from __future__ import annotations
 
@@ -57,9 +63,9 @@ class PodWatcher:
         """The thread ends at its watch's next event or timeout; it holds nothing that needs closing."""
         self._stop.set()
 
-    def wait_ready(self, name: str) -> asyncio.Future:
-        """A future resolved with the Pod once Ready, or failed with a typed error. Register it before
-        creating the Pod."""
+    def wait_started(self, name: str) -> asyncio.Future:
+        """A future resolved with the Pod once it has an IP and its agent is starting (see
+        `agent_starting`), or failed with a typed error. Register it before creating the Pod."""
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop, loop.create_future())
         with self._lock:
@@ -170,7 +176,8 @@ def unschedulable_message(pod) -> str | None:
 
 
 def pod_outcome(pod, *, deleted: bool) -> object | OrchardError | None:
-    """The Pod when it is Ready with an IP, an error when it can no longer become Ready, else None."""
+    """The Pod when it has an IP and its agent is starting, an error when it can no longer become Ready,
+    else None."""
     if deleted or pod is None:
         return BackendError("its pod was deleted while the sandbox was starting")
     name = pod.metadata.name
@@ -197,7 +204,25 @@ def pod_outcome(pod, *, deleted: bool) -> object | OrchardError | None:
                                 f"({term.reason}): {(term.message or '').strip()[-1500:] or 'no output'}")
     if status.phase in ("Failed", "Succeeded"):
         return BackendError(f"pod {name} ended ({status.phase}, {status.reason}: {status.message})")
-    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
-    if ready and status.pod_ip:
+    if status.pod_ip and agent_starting(pod):
         return pod
     return None
+
+
+def is_ready(pod) -> bool:
+    """The kubelet's readinessProbe reached the agent."""
+    status = pod.status
+    return status is not None and any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+
+
+def agent_starting(pod) -> bool:
+    """The sandbox container runs or is about to: the kubelet starts it right after it has seen the
+    injector exit 0, in the same sync, so by then its /health is worth trying."""
+    if is_ready(pod):
+        return True
+    for cs in pod.status.init_container_statuses or []:
+        term = cs.state.terminated if cs.state else None
+        if cs.name == INJECTOR_CONTAINER and term is not None and term.exit_code == 0:
+            return True
+    return any(cs.name == SANDBOX_CONTAINER and cs.state is not None and cs.state.running is not None
+               for cs in pod.status.container_statuses or [])

@@ -8,7 +8,8 @@ Per sandbox (all labelled `orchard.dev/sandbox=<id>`, `orchard.dev/instance=<ins
 - Secret `orchard-<id>-token`, mounted as the agent's token file;
 - NetworkPolicy `orchard-<id>-egress` for network "allowlist"/"open" (the namespace denies all egress).
 Secret and policy carry an ownerReference to the Pod, so they go with it even without us.
-Readiness and Pod IPs come from one shared watch (k8s_watch.py). See docs/kubernetes.md."""
+Pod IPs and container states come from one shared watch (k8s_watch.py); the agent's own /health on the
+Pod IP decides when a sandbox is handed out (k8s_health.py). See docs/kubernetes.md."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import k8s_netpol, k8s_pods
 from orchard.sandbox.backends.base import BackendSandbox
 from orchard.sandbox.backends.k8s_client import ApiCalls, load_api_client
+from orchard.sandbox.backends.k8s_health import wait_for_agent
 from orchard.sandbox.backends.k8s_images import injector_image_name
 from orchard.sandbox.backends.k8s_watch import PodWatcher, unschedulable_message
 from orchard.sandbox.bundle import AgentBundle, BundleManifest, default_cache_dir, ensure_agent_bundle
@@ -131,7 +133,8 @@ class KubernetesBackend:
             agent_image=self.agent_image or injector_image_name(self._bundle),
             image_pull_policy=self.image_pull_policy)
         policy = k8s_netpol.sandbox_policy_manifest(sandbox_id, self.instance, spec.network)
-        ready = self._watcher.wait_ready(name)
+        started = self._watcher.wait_started(name)
+        deadline = time.monotonic() + self.ready_timeout_s
         try:
             async with self._burst:
                 await self._call(api.create_secret, k8s_pods.secret_manifest(sandbox_id, self.instance, token))
@@ -140,16 +143,17 @@ class KubernetesBackend:
                 pod = await self._call(api.create_pod, pod_manifest)
                 await self._call(api.adopt_by_pod, sandbox_id, pod, policy is not None)
             try:
-                pod = await asyncio.wait_for(asyncio.shield(ready), self.ready_timeout_s)
+                pod = await asyncio.wait_for(asyncio.shield(started), deadline - time.monotonic())
             except TimeoutError:
-                raise BackendError(f"pod {name} was not Ready after {self.ready_timeout_s:g} s"
+                raise BackendError(f"pod {name} did not start its agent within {self.ready_timeout_s:g} s"
                                    f"{self._pending_reason(name)}") from None
             agent_url = f"http://{pod.status.pod_ip}:{k8s_pods.AGENT_PORT}"
-            await self._check_route(agent_url, name)
+            # The sandbox is handed out when the agent answers us, not when the kubelet says Ready.
+            await wait_for_agent(self._http, agent_url, name, lambda: self._watcher.get(name), deadline)
             return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=_handle(pod))
         except BaseException:
-            self._watcher.forget(name, ready)
-            ready.cancel()
+            self._watcher.forget(name, started)
+            started.cancel()
             await asyncio.shield(self._delete_objects(sandbox_id))
             raise
 
@@ -162,18 +166,6 @@ class KubernetesBackend:
             return f": the scheduler says {reason!r}"
         return f" (phase {pod.status.phase if pod.status else 'unknown'}); `kubectl -n {self.namespace} " \
                f"describe pod {name}` says why"
-
-    async def _check_route(self, agent_url: str, name: str) -> None:
-        """Ready is the kubelet's view; we must reach the Pod IP ourselves (no route → fail clearly)."""
-        assert self._http is not None
-        try:
-            (await self._http.get(f"{agent_url}/health")).raise_for_status()
-        except httpx.HTTPError as e:
-            raise BackendError(
-                f"pod {name} is Ready but its agent at {agent_url} cannot be reached from the orchestrator "
-                f"({type(e).__name__}: {e}). The orchestrator talks to Pod IPs directly: run it inside the "
-                "cluster (deploy/k8s), or add a route to the pod network on this host (e.g. `ip route add "
-                "<pod CIDR> via <node IP>`) — see docs/kubernetes.md") from e
 
     # --- delete / liveness / discovery -----------------------------------------------------------------
 
@@ -250,12 +242,15 @@ def _handle(pod) -> dict:
 def _pod_alive(pod, uid: str | None) -> bool:
     if uid and pod.metadata.uid != uid:
         return False  # a new Pod of the same name is not our sandbox
-    if pod.metadata.deletion_timestamp is not None or pod.status is None or pod.status.phase != "Running":
+    if (pod.metadata.deletion_timestamp is not None or pod.status is None
+            or pod.status.phase in ("Failed", "Succeeded")):
         return False
+    # Its agent answered before the sandbox was handed out; the kubelet may still report the container
+    # as waiting (Pending) for up to a second after that (its 1 s relist): only a terminated one is dead.
     for cs in pod.status.container_statuses or []:
         if cs.name == k8s_pods.SANDBOX_CONTAINER:
-            return cs.state is not None and cs.state.running is not None
-    return False
+            return cs.state is None or cs.state.terminated is None
+    return True
 
 
 def from_env(**options) -> KubernetesBackend:
