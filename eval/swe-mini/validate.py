@@ -1,8 +1,9 @@
 """Check that every swe-mini task is a valid SWE-bench instance: with no fix its FAIL_TO_PASS tests fail
 and its PASS_TO_PASS tests pass; with the gold patch all of them pass.
 
-Standard library only. The steps a grader needs (apply a diff, run the listed tests, read per-test outcomes)
-take a `CommandRunner`, so the same code drives a local temp directory here and a sandbox elsewhere.
+The grading steps (apply a diff, run the listed tests, read per-test outcomes) are Orchard's own
+(`orchard.eval.swe_tests`): here they run in temporary copies on this machine, in `orchard eval validate`
+and in the evaluator they run in sandboxes. Needs the `orchard` package importable (the project's venv).
 
     python validate.py                 # validate the whole suite next to this file
     python validate.py --only ID ...   # some tasks
@@ -12,17 +13,36 @@ take a `CommandRunner`, so the same code drives a local temp directory here and 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from orchard.eval import swe_tests
+from orchard.eval.swe_tests import (  # noqa: F401 — re-exported: this module's API for graders and tests
+    DEFAULT_TEST_TIMEOUT_S,
+    ERROR,
+    FAILED,
+    MISSING,
+    PASSED,
+    SKIPPED,
+    XFAILED,
+    XPASSED,
+    CommandOutput,
+    CommandRunner,
+    PatchApplyError,
+    RunOutcome,
+    parse_test_outcomes,
+    pytest_command,
+    run_local,
+)
 
 SUITE_DIR = Path(__file__).resolve().parent
 TASKS_FILE = "tasks.jsonl"
@@ -35,51 +55,9 @@ REQUIRED_FIELDS = (
 # Never part of a repository's content (and so never part of its base_commit).
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache"})
 
-PASSED, FAILED, ERROR, SKIPPED, XFAILED, XPASSED, MISSING = (
-    "passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing")
-# pytest's -rA summary words, and which outcome wins when a test reports twice (e.g. PASSED, then
-# ERROR in teardown).
-_SUMMARY_WORDS = {"PASSED": PASSED, "FAILED": FAILED, "ERROR": ERROR, "SKIPPED": SKIPPED,
-                  "XFAIL": XFAILED, "XPASS": XPASSED}
-_SEVERITY = {MISSING: 0, PASSED: 1, XPASSED: 2, XFAILED: 3, SKIPPED: 4, FAILED: 5, ERROR: 6}
-
-DEFAULT_TEST_TIMEOUT_S = 120.0
-
 
 class TaskFormatError(ValueError):
     """A task in tasks.jsonl is malformed (a field missing or of the wrong type)."""
-
-
-class PatchApplyError(RuntimeError):
-    """`git apply` rejected a patch: it does not fit the repository it was applied to."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandOutput:
-    exit_code: Optional[int]  # None when the command was killed by its timeout
-    stdout: str
-    stderr: str
-
-
-# (argv, cwd, stdin text or None, timeout seconds) -> CommandOutput. A sandbox grader wraps its exec in one.
-CommandRunner = Callable[[Sequence[str], str, Optional[str], float], CommandOutput]
-
-
-def run_local(argv: Sequence[str], cwd: str, stdin: Optional[str], timeout: float) -> CommandOutput:
-    """Run a command on this machine. No bytecode files, so a repository's content stays as it was."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    try:
-        done = subprocess.run(list(argv), cwd=cwd, input=stdin, capture_output=True, text=True,
-                              timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as exc:
-        return CommandOutput(None, _text(exc.stdout), _text(exc.stderr))
-    return CommandOutput(done.returncode, done.stdout, done.stderr)
-
-
-def _text(data: object) -> str:
-    if isinstance(data, bytes):
-        return data.decode("utf-8", "replace")
-    return data or ""  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,17 +95,6 @@ class SweInstance:
                                       % (where, field.name, type(value).__name__))
             values[field.name] = value
         return cls(**values)
-
-
-@dataclasses.dataclass
-class RunOutcome:
-    """What one run (one patch applied, then the test patch, then the tests) produced."""
-
-    label: str
-    outcomes: Dict[str, str]
-    exit_code: Optional[int]
-    log_tail: str
-    error: str = ""  # set when the run could not happen at all (a patch did not apply)
 
 
 @dataclasses.dataclass
@@ -181,69 +148,17 @@ def _repository_files(repo_dir: Path) -> Iterable[str]:
                 yield Path(root, name).relative_to(repo_dir).as_posix()
 
 
-def init_workdir(run: CommandRunner, workdir: str) -> None:
-    """Make `workdir` a git repository so `git apply` resolves paths against it and nothing above."""
-    result = run(["git", "init", "-q", "."], workdir, None, 60.0)
-    if result.exit_code != 0:
-        raise PatchApplyError("git init failed in %s: %s" % (workdir, (result.stderr or result.stdout).strip()))
-
-
-def apply_patch(run: CommandRunner, workdir: str, patch: str, label: str) -> None:
-    """Apply a unified diff with `git apply` (read from stdin). An empty patch is a no-op."""
-    if not patch.strip():
-        return
-    result = run(["git", "apply", "--whitespace=nowarn", "-"], workdir, patch, 60.0)
-    if result.exit_code != 0:
-        raise PatchApplyError("the %s does not apply: %s" % (label, (result.stderr or result.stdout).strip()))
-
-
-def pytest_command(python: str, test_ids: Sequence[str]) -> List[str]:
-    return [python, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--color=no", *test_ids]
-
-
-def parse_test_outcomes(output: str, test_ids: Sequence[str]) -> Dict[str, str]:
-    """Per-test outcome from pytest's `-rA` short summary ("PASSED id", "FAILED id - message", ...).
-    Ids are matched exactly (they may contain spaces or " - "); a test that never reported is `missing`."""
-    outcomes = {test_id: MISSING for test_id in test_ids}
-    for line in output.splitlines():
-        word, _, rest = line.partition(" ")
-        outcome = _SUMMARY_WORDS.get(word)
-        if outcome is None:
-            continue
-        for test_id in test_ids:
-            if rest == test_id or rest.startswith(test_id + " - "):
-                if _SEVERITY[outcome] > _SEVERITY[outcomes[test_id]]:
-                    outcomes[test_id] = outcome
-    return outcomes
-
-
-def run_tests(run: CommandRunner, workdir: str, test_ids: Sequence[str], python: str,
-              timeout: float = DEFAULT_TEST_TIMEOUT_S) -> RunOutcome:
-    result = run(pytest_command(python, test_ids), workdir, None, timeout)
-    output = result.stdout + result.stderr
-    return RunOutcome(label="", outcomes=parse_test_outcomes(output, test_ids), exit_code=result.exit_code,
-                      log_tail=output[-4000:])
-
-
 def evaluate_patch(run: CommandRunner, workdir: str, instance: SweInstance, patch: str, python: str,
                    label: str = "patch", timeout: float = DEFAULT_TEST_TIMEOUT_S) -> RunOutcome:
-    """The grading step, SWE-bench order: apply the candidate patch, then the test patch, then run
-    FAIL_TO_PASS + PASS_TO_PASS. `workdir` holds a fresh copy of the base repository."""
-    test_ids = list(instance.FAIL_TO_PASS) + list(instance.PASS_TO_PASS)
-    try:
-        init_workdir(run, workdir)
-        apply_patch(run, workdir, patch, label)
-        apply_patch(run, workdir, instance.test_patch, "test_patch")
-    except PatchApplyError as exc:
-        return RunOutcome(label, {test_id: MISSING for test_id in test_ids}, None, "", error=str(exc))
-    outcome = run_tests(run, workdir, test_ids, python, timeout)
-    outcome.label = label
-    return outcome
+    """The grading step (see orchard.eval.swe_tests.evaluate_patch) for one instance of this suite."""
+    return asyncio.run(swe_tests.evaluate_patch(
+        run, workdir, patch, test_patch=instance.test_patch, fail_to_pass=instance.FAIL_TO_PASS,
+        pass_to_pass=instance.PASS_TO_PASS, python=python, label=label, timeout=timeout))
 
 
 def is_resolved(instance: SweInstance, run: RunOutcome) -> bool:
     """SWE-bench's verdict: every FAIL_TO_PASS and every PASS_TO_PASS test passed."""
-    return not run.error and all(run.outcomes.get(t) == PASSED for t in instance.FAIL_TO_PASS + instance.PASS_TO_PASS)
+    return swe_tests.is_resolved(instance.FAIL_TO_PASS, instance.PASS_TO_PASS, run)
 
 
 def validate(instance: "SweInstance | dict", repo_dir: "Path | str", *, python: str = sys.executable,

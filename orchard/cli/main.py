@@ -10,6 +10,10 @@ import typer
 from rich.markup import escape
 
 from orchard import __version__
+from orchard.cli import eval as eval_cli
+from orchard.cli import gateway as gateway_cli
+from orchard.cli import harness as harness_cli
+from orchard.cli import report as report_cli
 from orchard.cli import sandbox as sandbox_cli
 from orchard.cli.sandbox import err, fail, out
 from orchard.core.errors import OrchardError
@@ -18,6 +22,10 @@ from orchard.sandbox.backends.registry import available_backends
 app = typer.Typer(name="orchard", no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Orchard: sandboxes for LLM agents, one trajectory schema, training recipes.")
 app.add_typer(sandbox_cli.app, name="sandbox")
+app.add_typer(eval_cli.app, name="eval")
+app.add_typer(harness_cli.app, name="harness")
+app.command("report")(report_cli.report)
+app.command("gateway")(gateway_cli.gateway)
 
 
 def _print_version(value: bool) -> None:

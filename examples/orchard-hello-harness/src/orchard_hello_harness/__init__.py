@@ -1,0 +1,108 @@
+"""The `hello` harness: the smallest real tool-calling agent loop Orchard can evaluate.
+
+Each turn sends the conversation to the model (through `model.base_url`, the Orchard gateway, with
+`model.headers()`, which carry the rollout key), runs each `bash` call in the sandbox's workdir and sends the
+output back, and stops at `submit` or after `max_steps` model calls. It returns the trajectory ungraded:
+grading is the evaluator's job. A failed model call or sandbox ends the run with `Outcome(error=...)`, which
+the evaluator records as an error rather than a failed attempt."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from orchard.core.errors import ModelError, OrchardError
+from orchard.core.harness import ModelConfig
+from orchard.core.sandbox import Sandbox
+from orchard.core.task import Task
+from orchard.core.trajectory import Agent, Observation, ObservationResult, Outcome, Step, ToolCall, Trajectory
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "bash", "description": "Run a shell command in the repository; returns exit code and output.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+    {"type": "function", "function": {
+        "name": "submit", "description": "Finish: call it when the change is complete.",
+        "parameters": {"type": "object", "properties": {}, "required": []}}},
+]
+SYSTEM_PROMPT = ("You fix bugs in the repository at {workdir} using the bash tool. When the fix is done, "
+                 "call submit.")
+MAX_OUTPUT_CHARS = 8000
+
+
+class HelloHarness:
+    name = "hello"
+    version = "0.1.0"
+
+    def __init__(self, max_steps: int = 20, command_timeout_s: float = 60) -> None:
+        self.max_steps = max_steps
+        self.command_timeout_s = command_timeout_s
+
+    async def run(self, task: Task, sandbox: Sandbox, model: ModelConfig) -> Trajectory:
+        workdir = task.environment.workdir
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT.format(workdir=workdir)},
+            {"role": "user", "content": task.instruction}]
+        trajectory = Trajectory(
+            agent=Agent(name=self.name, version=self.version, model_name=model.model, tool_definitions=TOOLS),
+            task_id=task.id, rollout_key=model.rollout_key,
+            steps=[Step(step_id=1, source="system", message=messages[0]["content"]),
+                   Step(step_id=2, source="user", message=task.instruction)])
+        headers = dict(model.headers())
+        if model.api_key is not None:
+            headers["Authorization"] = f"Bearer {model.api_key.get_secret_value()}"
+        async with httpx.AsyncClient(base_url=model.base_url or "", headers=headers, timeout=model.timeout_s) as http:
+            try:
+                for _ in range(self.max_steps):
+                    reply = await self._complete(http, model, messages)
+                    messages.append(reply)
+                    if await self._act(reply, sandbox, workdir, messages, trajectory):
+                        break
+            except OrchardError as exc:  # the model or the sandbox failed: an error, not a failed attempt
+                trajectory.outcome = Outcome(error=f"{exc.code}: {exc}")
+        return trajectory
+
+    async def _complete(self, http: httpx.AsyncClient, model: ModelConfig,
+                        messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"model": model.model, "messages": messages, "tools": TOOLS, **model.sampling.request_kwargs()}
+        try:
+            response = await http.post("/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise ModelError(f"cannot reach the model at {model.base_url}: {exc}") from None
+        if response.status_code >= 400:
+            raise ModelError(f"the model answered {response.status_code}: {response.text[:300]}")
+        answer = response.json()
+        message = answer["choices"][0]["message"]
+        if not message.get("tool_calls"):
+            message["content"] = message.get("content") or ""  # an assistant turn must say something
+        message["_response_id"] = answer.get("id")
+        return message
+
+    async def _act(self, reply: dict[str, Any], sandbox: Sandbox, workdir: str, messages: list[dict[str, Any]],
+                   trajectory: Trajectory) -> bool:
+        """Run the reply's tool calls and record the step; True when the agent submitted."""
+        response_id = reply.pop("_response_id", None)
+        calls, results, submitted = [], [], False
+        for call in reply.get("tool_calls") or []:
+            name, call_id = call["function"]["name"], call["id"]
+            arguments = json.loads(call["function"].get("arguments") or "{}")
+            calls.append(ToolCall(tool_call_id=call_id, function_name=name, arguments=arguments))
+            if name == "submit":
+                output, submitted = "submitted", True
+            elif name == "bash":
+                result = await sandbox.exec(arguments.get("command", ""), cwd=workdir, timeout=self.command_timeout_s)
+                output = f"exit code {result.exit_code}\n{result.output[-MAX_OUTPUT_CHARS:]}"
+            else:
+                output = f"unknown tool {name!r}; use bash or submit"
+            results.append(ObservationResult(source_call_id=call_id, content=output))
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        if not calls:
+            messages.append({"role": "user", "content": "Use the bash tool, or call submit when you are done."})
+        trajectory.steps.append(Step(
+            step_id=trajectory.next_step_id, source="agent", model_name=trajectory.agent.model_name,
+            message=reply.get("content") or "", tool_calls=calls,
+            observation=Observation(results=results) if results else None,
+            llm_call_ids=[response_id] if response_id else []))
+        return submitted

@@ -1,0 +1,196 @@
+"""`orchard eval`: run a harness with a model over a task suite (`orchard eval --harness H --model M
+--suite S`), and check a SWE suite's tasks in sandboxes (`orchard eval validate --suite S`). Thin over
+`orchard.eval`; the progress bar and tables are drawn here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from orchard.cli.sandbox import err, fail, key_values, out
+from orchard.core.errors import OrchardError
+
+app = typer.Typer(help="Evaluate a harness with a model on a task suite; `orchard eval validate` checks a suite.",
+                  invoke_without_command=True, no_args_is_help=False, pretty_exceptions_enable=False)
+
+UrlOption = Annotated[Optional[str], typer.Option(
+    "--url", envvar="ORCHARD_URL", show_envvar=True,
+    help="Orchard server for the sandboxes; default: embedded (sandboxes on this machine).")]
+SuiteOption = Annotated[Optional[str], typer.Option(
+    "--suite", help="A built-in suite name (e.g. swe-mini) or a suite directory.")]
+TasksOption = Annotated[Optional[str], typer.Option(
+    "--tasks", help="Comma-separated task ids (default: every task of the suite).")]
+ParallelOption = Annotated[int, typer.Option(
+    "--parallel", min=1, help="Tasks whose agent runs at once (as many gradings may run beside them).")]
+
+
+@app.callback()
+def eval_command(
+    ctx: typer.Context,
+    harness: Annotated[Optional[str], typer.Option(help="Harness name (see `orchard harness list`).")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        help="`oracle`, `smollm2` (embedded), a gateway alias, or any litellm model string.")] = None,
+    suite: SuiteOption = None,
+    tasks: TasksOption = None,
+    parallel: ParallelOption = 4,
+    out_dir: Annotated[Optional[Path], typer.Option(
+        "--out", help="Output directory (default runs/<harness>-<model>-<suite>). Re-running into it resumes.")
+    ] = None,
+    max_steps: Annotated[Optional[int], typer.Option(
+        "--max-steps", min=1, help="Most agent steps (model calls) per task: the harness option step_limit.")] = None,
+    harness_option: Annotated[Optional[list[str]], typer.Option(
+        "--harness-option", help="KEY=VALUE passed to the harness (VALUE read as JSON if it parses). Repeatable.")
+    ] = None,
+    api_base: Annotated[Optional[str], typer.Option(
+        help="The model's OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (with --model openai/NAME).")
+    ] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        envvar="ORCHARD_MODEL_API_KEY", show_envvar=True, help="The model server's API key.")] = None,
+    gateway_config: Annotated[Optional[Path], typer.Option(
+        help="A gateway config file (JSON/YAML) with model aliases (see docs/gateway.md).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(min=0, help="Sampling temperature.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        "--max-tokens", min=1, help="Most tokens the model may generate per call.")] = None,
+    task_timeout: Annotated[float, typer.Option(
+        "--task-timeout", min=1, help="Seconds a harness may run on one task before it counts as an error.")
+    ] = 1800.0,
+    url: UrlOption = None,
+) -> None:
+    """Evaluate HARNESS with MODEL on SUITE: one sandbox per task, graded in a fresh sandbox.
+
+    Writes OUT/trajectories.jsonl (one graded trajectory per task) and OUT/results.json, prints a table.
+    Errors (model or sandbox failures) are shown apart and are not counted as attempts."""
+    if ctx.invoked_subcommand is not None:
+        return
+    missing = [name for name, value in (("--harness", harness), ("--model", model), ("--suite", suite)) if not value]
+    if missing:
+        fail(f"missing {', '.join(missing)}: `orchard eval --harness react --model oracle --suite swe-mini` "
+             "(see `orchard eval --help`)", code=2)
+    from orchard.core.harness import SamplingParams
+    from orchard.eval.models import eval_gateway_config
+    from orchard.eval.runner import run_eval
+
+    options = _harness_options(harness_option or [])
+    if max_steps is not None:
+        options["step_limit"] = max_steps
+    target = out_dir or Path("runs") / _slug(f"{harness}-{model}-{Path(suite).name}")
+    listener = ProgressListener(f"{harness} × {model}")
+    try:
+        config = eval_gateway_config(model, api_base=api_base, api_key=api_key, config=gateway_config)
+        with listener:
+            results = asyncio.run(run_eval(
+                harness=harness, model=model, suite=suite, out_dir=target, gateway_config=config,
+                task_ids=_split(tasks), parallel=parallel, harness_options=options,
+                sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), task_timeout_s=task_timeout, orchard_url=url,
+                listener=listener))
+    except OrchardError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted: every sandbox was deleted; finished tasks are kept in {escape(str(target))}. "
+                  "Run the same command again to resume.[/]")
+        raise typer.Exit(130) from None
+    print_results(results)
+    out.print(f"trajectories and results: {escape(str(target))}")
+
+
+@app.command("validate")
+def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None, parallel: ParallelOption = 4,
+                     url: UrlOption = None) -> None:
+    """Check a SWE suite in sandboxes with the evaluator's grader: for every task the gold patch must
+    resolve it and the empty patch must not. Exits 1 if any task is invalid."""
+    from orchard.eval.validation import validate_suite
+
+    try:
+        with err.status(f"validating {suite} in sandboxes..."):
+            checks = asyncio.run(validate_suite(suite, _split(tasks), parallel=parallel, orchard_url=url))
+    except OrchardError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    table = Table("task", "status", "gold patch", "empty patch", "s", title=f"suite {suite}: gold and empty patches")
+    for check in checks:
+        table.add_row(check.task_id, "[green]ok[/]" if check.valid else "[red]INVALID[/]",
+                      _verdict(check.gold_resolved), _verdict(check.empty_resolved), f"{check.duration_s:.1f}")
+    out.print(table)
+    for check in checks:
+        for problem in check.problems:
+            out.print(f"[red]{escape(check.task_id)}[/]: {escape(problem)}")
+    invalid = sum(1 for check in checks if not check.valid)
+    out.print(f"{len(checks)} task(s), {invalid} invalid")
+    if invalid:
+        raise typer.Exit(1)
+
+
+class ProgressListener:
+    """A rich progress bar: tasks done of those to run, with resolved / failed / error counts."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.counts = {"resolved": 0, "failed": 0, "error": 0}
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=err,
+                                 transient=False)
+        self.bar = None
+
+    def __enter__(self) -> ProgressListener:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.progress.stop()
+
+    def run_started(self, results, to_run: list[str]) -> None:
+        skipped = results.summary.total - len(to_run)
+        if skipped:
+            err.print(f"resuming run {results.run_id}: {skipped} task(s) already finished are skipped")
+        self.bar = self.progress.add_task(escape(self.label), total=len(to_run), counts=self._counts())
+
+    def task_finished(self, result) -> None:
+        self.counts[result.status] += 1
+        self.progress.update(self.bar, advance=1, counts=self._counts())
+
+    def _counts(self) -> str:
+        return (f"[green]{self.counts['resolved']} resolved[/] [red]{self.counts['failed']} failed[/] "
+                f"[yellow]{self.counts['error']} error[/]")
+
+
+def print_results(results) -> None:
+    from orchard.eval.summary import summary_line, tasks_table
+
+    # Piped or logged: wide enough that each task stays on one line (rich would fold to 80 columns).
+    console = out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=200, highlight=False)
+    console.print(tasks_table(results))
+    console.print(summary_line(results.summary))
+
+
+def _harness_options(pairs: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for key, value in key_values(pairs, "--harness-option").items():
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def _split(tasks: str | None) -> list[str] | None:
+    ids = [part.strip() for part in (tasks or "").split(",") if part.strip()]
+    return ids or None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+def _verdict(resolved: bool | None) -> str:
+    return "-" if resolved is None else ("resolved" if resolved else "not resolved")

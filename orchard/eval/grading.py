@@ -1,0 +1,88 @@
+"""Graders: turn what an agent left behind into an `Outcome`.
+
+- SWE tests (`SWETestsGrader`): in a FRESH sandbox made from the task's environment (the base repository),
+  apply the agent's patch, then the task's test patch, run FAIL_TO_PASS + PASS_TO_PASS and read each test's
+  outcome. The agent's sandbox is never trusted with grading: tests it edited or files it left do not count.
+  A patch that does not apply is a failed attempt, not an error.
+- Script (`ScriptGrader`): run the script in the agent's own sandbox after it finished; resolved when it
+  exits 0, reward from `reward_file` when given.
+
+A sandbox that fails while grading raises (an OrchardError): the runner records that as an error."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Optional, Sequence
+
+from orchard.core.errors import InvalidRequest
+from orchard.core.task import ScriptGrader, SWETestsGrader, Task
+from orchard.core.trajectory import Outcome
+from orchard.eval import swe_tests
+from orchard.eval.task_sandbox import create_task_sandbox
+from orchard.sandbox.agent_client import AgentSandbox
+from orchard.sandbox.client import AsyncOrchard
+
+GRADER_PYTHON = "python"  # resolved on the sandbox's PATH (Orchard's own Python first in the host image)
+REWARD_FILE_MAX_BYTES = 1024
+
+
+def sandbox_runner(sandbox: AgentSandbox) -> swe_tests.CommandRunner:
+    """A CommandRunner that runs each command in `sandbox`."""
+
+    async def run(argv: Sequence[str], cwd: str, stdin: Optional[str], timeout: float) -> swe_tests.CommandOutput:
+        result = await sandbox.exec(list(argv), cwd=cwd, stdin=stdin, timeout=timeout)
+        return swe_tests.CommandOutput(None if result.timed_out else result.exit_code, result.stdout, result.stderr)
+
+    return run
+
+
+async def grade_swe_patch(orch: AsyncOrchard, task: Task, patch: str, *, labels: dict[str, str] | None = None,
+                          label: str = "agent's patch") -> Outcome:
+    """Grade `patch` for a SWE task in a fresh sandbox, which is deleted afterwards."""
+    grader = task.grader
+    if not isinstance(grader, SWETestsGrader):
+        raise InvalidRequest(f"task {task.id} has no SWE tests grader (its grader is "
+                             f"{type(grader).__name__ if grader else 'none'})")
+    sandbox = await create_task_sandbox(orch, task, labels=labels)
+    try:
+        run = await swe_tests.evaluate_patch(
+            sandbox_runner(sandbox), task.environment.workdir, patch, test_patch=grader.test_patch,
+            fail_to_pass=grader.fail_to_pass, pass_to_pass=grader.pass_to_pass, python=GRADER_PYTHON,
+            label=label, timeout=grader.timeout_s,
+            test_command=shlex.split(grader.test_command) if grader.test_command else None)
+    finally:
+        await sandbox.close()
+    resolved = swe_tests.is_resolved(grader.fail_to_pass, grader.pass_to_pass, run)
+    details = {"grader": "swe_tests", "tests": run.outcomes, "tests_exit_code": run.exit_code,
+               "fail_to_pass": grader.fail_to_pass, "pass_to_pass": grader.pass_to_pass,
+               "log_tail": run.log_tail}
+    if run.error:
+        details["patch_error"] = run.error
+    return Outcome(resolved=resolved, reward=1.0 if resolved else 0.0, details=details)
+
+
+async def grade_script(sandbox: AgentSandbox, task: Task) -> Outcome:
+    """Run a ScriptGrader's script in the agent's sandbox (where the agent's work is)."""
+    grader = task.grader
+    if not isinstance(grader, ScriptGrader):
+        raise InvalidRequest(f"task {task.id} has no script grader")
+    result = await sandbox.exec(grader.script, cwd=task.environment.workdir, timeout=grader.timeout_s)
+    resolved = result.exit_code == 0 and not result.timed_out
+    details = {"grader": "script", "exit_code": result.exit_code, "timed_out": result.timed_out,
+               "output_tail": result.output[-swe_tests.LOG_TAIL_CHARS:]}
+    reward = 1.0 if resolved else 0.0
+    if grader.reward_file is not None:
+        reward, details["reward_file"] = await _read_reward(sandbox, grader.reward_file)
+    return Outcome(resolved=resolved, reward=reward, details=details)
+
+
+async def _read_reward(sandbox: AgentSandbox, path: str) -> tuple[float, str]:
+    """The number in the reward file; 0.0 (and why) when it is missing or not a number: the agent's work
+    did not produce a reward, which is a failed attempt, not an error."""
+    probe = await sandbox.exec(["head", "-c", str(REWARD_FILE_MAX_BYTES), path], timeout=30)
+    if probe.exit_code != 0:
+        return 0.0, f"missing: {probe.stderr.strip()[:200]}"
+    try:
+        return float(probe.stdout.strip()), "read"
+    except ValueError:
+        return 0.0, f"not a number: {probe.stdout.strip()[:80]!r}"

@@ -1,0 +1,36 @@
+"""Which models an evaluation's gateway serves: Orchard's own policies (`oracle`, the embedded `smollm2`;
+the gateway serves them by name, see `orchard.gateway.config.BUILTIN_MODELS`), the aliases of a gateway
+config, the model asked for (with its server and key when given), and any other litellm model string."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from orchard.gateway.config import GatewayConfig, ModelRoute
+
+ORACLE_MODEL = "oracle"
+
+
+def eval_gateway_config(model: str, *, api_base: str | None = None, api_key: str | None = None,
+                        api_key_env: str | None = None, config: GatewayConfig | str | Path | None = None,
+                        timeout_s: float | None = None) -> GatewayConfig:
+    """The gateway config for evaluating `model`: `config` (a GatewayConfig or a config file) if given, with
+    any litellm model string allowed; `api_base` / `api_key` make a route for `model` itself (e.g. an
+    OpenAI-compatible server: `--model openai/NAME --api-base URL`)."""
+    if config is None:
+        base = GatewayConfig()
+    elif isinstance(config, GatewayConfig):
+        base = config
+    else:
+        base = GatewayConfig.load(config)
+    models = dict(base.models)
+    if api_base is not None or api_key is not None or api_key_env is not None:
+        models[model] = ModelRoute(model=model, api_base=api_base,
+                                   api_key=SecretStr(api_key) if api_key is not None else None,
+                                   api_key_env=api_key_env)
+    update: dict = {"models": models, "allow_any_model": True}
+    if timeout_s is not None:
+        update["timeout_s"] = timeout_s
+    return base.model_copy(update=update)

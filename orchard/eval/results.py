@@ -1,0 +1,170 @@
+"""What an evaluation writes in its output directory, and how it is read back:
+
+    OUT/trajectories.jsonl   one graded Trajectory per finished rollout, appended as each finishes
+    OUT/results.json         the run's settings, one row per task (its latest rollout), the summary
+
+The trajectories are the record; results.json is derived from them and rewritten atomically after every
+task, so both always agree on complete lines. A rollout whose outcome has an `error` did not happen properly
+(model or sandbox failure): it is shown separately and left out of the resolve rate."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from orchard.core.errors import InvalidRequest
+from orchard.core.jsonl import read_jsonl
+from orchard.core.trajectory import Trajectory
+
+RESULTS_FILE = "results.json"
+TRAJECTORIES_FILE = "trajectories.jsonl"
+
+TaskStatus = Literal["resolved", "failed", "error"]
+
+
+class EvalSettings(BaseModel):
+    """What was run: a resumed run must have the same harness, model and suite."""
+
+    harness: str
+    harness_version: str | None = None
+    model: str
+    suite: str = Field(description="the suite's name")
+    suite_path: str | None = None
+    task_ids: list[str] = Field(description="the tasks selected for this run, in order")
+    parallel: int = 1
+    harness_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskResult(BaseModel):
+    task_id: str
+    attempt: int = Field(ge=1, description="1 for the first rollout; errors are retried on resume")
+    rollout_key: str | None
+    status: TaskStatus
+    reward: float | None = None
+    error: str | None = None
+    steps: int = 0
+    n_llm_calls: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    wall_time_s: float | None = None
+    sandbox_cpu_s: float | None = None
+
+    @classmethod
+    def from_trajectory(cls, trajectory: Trajectory, attempt: int) -> TaskResult:
+        outcome = trajectory.outcome
+        if outcome is None or outcome.error is not None:
+            status: TaskStatus = "error"
+        else:
+            status = "resolved" if outcome.resolved else "failed"
+        metrics = trajectory.final_metrics
+        return cls(task_id=trajectory.task_id or "", attempt=attempt, rollout_key=trajectory.rollout_key,
+                   status=status, reward=outcome.reward if outcome else None,
+                   error=(outcome.error if outcome else "the rollout was never graded"),
+                   steps=len(trajectory.steps), n_llm_calls=len(trajectory.llm_calls),
+                   prompt_tokens=metrics.total_prompt_tokens if metrics else None,
+                   completion_tokens=metrics.total_completion_tokens if metrics else None,
+                   cost_usd=metrics.total_cost_usd if metrics else None,
+                   wall_time_s=metrics.wall_time_s if metrics else None,
+                   sandbox_cpu_s=metrics.sandbox_cpu_s if metrics else None)
+
+
+class EvalSummary(BaseModel):
+    total: int = Field(description="tasks selected")
+    finished: int = Field(description="tasks with a resolved or failed rollout")
+    resolved: int
+    failed: int
+    errors: int = Field(description="tasks whose latest rollout is an error")
+    pending: int = Field(description="tasks never run (an interrupted run)")
+    resolve_rate: float | None = Field(description="resolved / finished; errors are not attempts")
+    wall_time_s: float = 0.0
+    total_tokens: int = 0
+    cost_usd: float | None = None
+
+    @classmethod
+    def of(cls, tasks: list[TaskResult], total: int) -> EvalSummary:
+        count = {status: sum(1 for r in tasks if r.status == status) for status in ("resolved", "failed", "error")}
+        finished = count["resolved"] + count["failed"]
+        costs = [r.cost_usd for r in tasks if r.cost_usd is not None]
+        return cls(total=total, finished=finished, resolved=count["resolved"], failed=count["failed"],
+                   errors=count["error"], pending=max(0, total - len(tasks)),
+                   resolve_rate=count["resolved"] / finished if finished else None,
+                   wall_time_s=sum(r.wall_time_s or 0.0 for r in tasks),
+                   total_tokens=sum((r.prompt_tokens or 0) + (r.completion_tokens or 0) for r in tasks),
+                   cost_usd=sum(costs) if costs else None)
+
+
+class EvalResults(BaseModel):
+    run_id: str
+    settings: EvalSettings
+    started_at: str
+    updated_at: str
+    interrupted: bool = False
+    summary: EvalSummary
+    tasks: list[TaskResult] = Field(default_factory=list, description="one per task run, in suite order")
+
+    @property
+    def label(self) -> str:
+        return f"{self.settings.harness} × {self.settings.model} on {self.settings.suite}"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def latest_by_task(trajectories: list[Trajectory]) -> dict[str, tuple[Trajectory, int]]:
+    """Each task's latest rollout and how many rollouts it had (its attempt number)."""
+    latest: dict[str, tuple[Trajectory, int]] = {}
+    for trajectory in trajectories:
+        if trajectory.task_id is None:
+            continue
+        previous = latest.get(trajectory.task_id)
+        latest[trajectory.task_id] = (trajectory, (previous[1] if previous else 0) + 1)
+    return latest
+
+
+def build_results(run_id: str, settings: EvalSettings, started_at: str, trajectories: list[Trajectory], *,
+                  interrupted: bool = False) -> EvalResults:
+    latest = latest_by_task(trajectories)
+    rows = [TaskResult.from_trajectory(*latest[task_id]) for task_id in settings.task_ids if task_id in latest]
+    return EvalResults(run_id=run_id, settings=settings, started_at=started_at, updated_at=utc_now(),
+                       interrupted=interrupted, summary=EvalSummary.of(rows, len(settings.task_ids)), tasks=rows)
+
+
+def read_results(out_dir: Path) -> EvalResults | None:
+    path = Path(out_dir) / RESULTS_FILE
+    try:
+        return EvalResults.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValidationError as exc:
+        raise InvalidRequest(f"{path} is not an Orchard results file ({exc.errors()[0]['msg']}); choose another "
+                             "output directory") from None
+
+
+def read_trajectories(out_dir: Path) -> list[Trajectory]:
+    path = Path(out_dir) / TRAJECTORIES_FILE
+    return read_jsonl(path) if path.exists() else []
+
+
+def write_results(out_dir: Path, results: EvalResults) -> None:
+    """Replace results.json atomically: readers see the old file or the new one, never half of one."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=out_dir, prefix=f".{RESULTS_FILE}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(results.model_dump(mode="json"), out, indent=2)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, out_dir / RESULTS_FILE)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)

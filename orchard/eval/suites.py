@@ -1,0 +1,137 @@
+"""Finding and loading task suites for `orchard eval --suite NAME_OR_DIR`.
+
+A built-in suite is a directory under the project's `eval/` (e.g. `eval/swe-mini`), found by name:
+
+1. in each directory of `$ORCHARD_EVAL_DIR` (a `os.pathsep`-separated list), when set;
+2. in the `eval/` directory beside the `orchard` package, i.e. in a source checkout or an editable install.
+
+A non-editable install (a wheel) does not carry `eval/`: point ORCHARD_EVAL_DIR at a copy of it, or pass the
+suite's directory itself as `--suite`.
+
+Two on-disk formats are read:
+- an Orchard suite (`tasks.jsonl` of `Task`s, or of SWE-bench instances with `suite.json` saying
+  `"format": "swebench"`; see `orchard.core.task_suite`), run in the images the tasks name;
+- a local SWE suite like swe-mini: `tasks.jsonl` of SWE-bench instances plus `repos/<instance_id>/`, the base
+  repository of each. Each task runs in the `host` image at /testbed, with the repository's files placed
+  there and committed as the only commit of a fresh git repository, as SWE-bench images have it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import orchard
+from orchard.core.errors import InvalidRequest, NotFound
+from orchard.core.jsonl import read_jsonl
+from orchard.core.task import SWEBENCH_WORKDIR, SWEBenchInstance, Task, TaskEnvironment, TaskFile
+from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite
+
+EVAL_DIR_ENV = "ORCHARD_EVAL_DIR"
+REPOS_DIR = "repos"
+# Never part of a task repository (caches and an existing git directory).
+IGNORED_NAMES = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache"})
+BASE_COMMIT_SETUP = ("git init -q && git add -A && "
+                     "git -c user.name=orchard -c user.email=orchard@localhost commit -qm base")
+
+
+def eval_roots() -> list[Path]:
+    """Where built-in suites are looked up, in order (only directories that exist)."""
+    roots = [Path(entry) for entry in os.environ.get(EVAL_DIR_ENV, "").split(os.pathsep) if entry]
+    roots.append(Path(orchard.__file__).resolve().parent.parent / "eval")
+    return [root for root in roots if root.is_dir()]
+
+
+def available_suites() -> dict[str, Path]:
+    """Built-in suite name -> directory (the first root that has it wins)."""
+    suites: dict[str, Path] = {}
+    for root in eval_roots():
+        for directory in sorted(root.iterdir()):
+            if (directory / TASKS_FILE).is_file():
+                suites.setdefault(directory.name, directory)
+    return suites
+
+
+def resolve_suite(name_or_dir: str | Path) -> Path:
+    """The directory of a suite given by built-in name or by path."""
+    path = Path(name_or_dir)
+    if path.is_dir():
+        return path.resolve()
+    suites = available_suites()
+    if str(name_or_dir) in suites:
+        return suites[str(name_or_dir)]
+    names = ", ".join(sorted(suites)) or "none found"
+    raise NotFound(f"unknown suite {str(name_or_dir)!r}: it is neither a built-in suite ({names}) nor a directory. "
+                   f"Pass a suite directory (with {TASKS_FILE}), or set {EVAL_DIR_ENV} to the directory that "
+                   "holds the built-in suites (the project's eval/) when Orchard is installed from a wheel")
+
+
+def load_suite(name_or_dir: str | Path | TaskSuite) -> TaskSuite:
+    if isinstance(name_or_dir, TaskSuite):
+        return name_or_dir
+    directory = resolve_suite(name_or_dir)
+    if (directory / REPOS_DIR).is_dir() and _holds_swebench_instances(directory):
+        return load_local_swe_suite(directory)
+    return TaskSuite.load(directory)
+
+
+def select_tasks(suite: TaskSuite, task_ids: list[str] | None) -> list[Task]:
+    """The suite's tasks, or those named (in the order given); an unknown id is a NotFound naming it."""
+    if not task_ids:
+        return list(suite.tasks)
+    return [suite.get(task_id) for task_id in dict.fromkeys(task_ids)]
+
+
+def load_local_swe_suite(directory: str | Path) -> TaskSuite:
+    directory = Path(directory)
+    instances = read_jsonl(directory / TASKS_FILE, SWEBenchInstance, allow_interrupted_tail=False)
+    tasks = [local_swe_task(instance, directory / REPOS_DIR / instance.instance_id) for instance in instances]
+    name, description = directory.resolve().name, ""
+    manifest = directory / MANIFEST_FILE
+    if manifest.is_file():
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        name, description = data.get("name", name), data.get("description", "")
+    return TaskSuite(name=name, description=description, tasks=tasks)
+
+
+def local_swe_task(instance: SWEBenchInstance, repo_dir: Path) -> Task:
+    """A SWE-bench instance whose base repository is the directory `repo_dir` on this machine."""
+    if not repo_dir.is_dir():
+        raise InvalidRequest(f"task {instance.instance_id}: its repository {repo_dir} does not exist (a local SWE "
+                             f"suite keeps each task's base repository in {REPOS_DIR}/<instance_id>/)")
+    task = Task.from_swebench(instance, image="host")
+    environment = TaskEnvironment(image="host", workdir=SWEBENCH_WORKDIR, files=repository_files(repo_dir),
+                                  setup=[BASE_COMMIT_SETUP])
+    return task.model_copy(update={"environment": environment})
+
+
+def repository_files(repo_dir: Path) -> list[TaskFile]:
+    """Every file of the repository (caches left out), as TaskFiles relative to the workdir."""
+    files: list[TaskFile] = []
+    for root, dirs, names in os.walk(repo_dir):
+        dirs[:] = sorted(d for d in dirs if d not in IGNORED_NAMES)
+        for name in sorted(names):
+            if name.endswith(".pyc"):
+                continue
+            path = Path(root, name)
+            data = path.read_bytes()
+            mode = path.stat().st_mode & 0o777
+            try:
+                content, encoding = data.decode("utf-8"), "utf-8"
+            except UnicodeDecodeError:
+                content, encoding = base64.b64encode(data).decode("ascii"), "base64"
+            files.append(TaskFile(path=path.relative_to(repo_dir).as_posix(), content=content, encoding=encoding,
+                                  mode=mode if mode & 0o111 else None))
+    return files
+
+
+def _holds_swebench_instances(directory: Path) -> bool:
+    manifest = directory / MANIFEST_FILE
+    if manifest.is_file():
+        try:
+            return json.loads(manifest.read_text(encoding="utf-8")).get("format") == "swebench"
+        except ValueError:
+            return False  # TaskSuite.load reports the broken manifest
+    with open(directory / TASKS_FILE, "rb") as tasks:
+        return b'"instance_id"' in tasks.readline()

@@ -1,0 +1,49 @@
+"""The results of a run as rich tables: one row per task, then the totals (errors apart from attempts)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from orchard.eval.results import EvalResults, EvalSummary
+
+STATUS_STYLE = {"resolved": "green", "failed": "red", "error": "yellow"}
+
+
+def tasks_table(results: EvalResults, *, error_width: int = 60) -> Table:
+    table = Table(title=f"{results.label} — run {results.run_id}", title_justify="left")
+    for column, justify in (("task", "left"), ("status", "left"), ("attempt", "right"), ("steps", "right"),
+                            ("LLM calls", "right"), ("tokens", "right"), ("cost $", "right"),
+                            ("wall s", "right"), ("CPU s", "right"), ("error", "left")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for row in results.tasks:
+        tokens = (row.prompt_tokens or 0) + (row.completion_tokens or 0)
+        table.add_row(row.task_id, Text(row.status, style=STATUS_STYLE[row.status]), str(row.attempt),
+                      str(row.steps), str(row.n_llm_calls), f"{tokens:,}" if tokens else "-",
+                      f"{row.cost_usd:.4f}" if row.cost_usd is not None else "-",
+                      _seconds(row.wall_time_s), _seconds(row.sandbox_cpu_s, digits=2),
+                      _shorten(row.error or "", error_width))
+    return table
+
+
+def summary_line(summary: EvalSummary) -> Text:
+    rate = f"{summary.resolve_rate:.0%}" if summary.resolve_rate is not None else "n/a"
+    text = Text()
+    text.append(f"resolved {summary.resolved}/{summary.finished} ({rate})", style="bold green")
+    text.append(f", failed {summary.failed}", style="red")
+    text.append(f", errors {summary.errors} (not counted as attempts)", style="yellow")
+    if summary.pending:
+        text.append(f", not run {summary.pending}", style="dim")
+    text.append(f"; {summary.total_tokens:,} tokens")
+    if summary.cost_usd is not None:
+        text.append(f", ${summary.cost_usd:.4f}")
+    return text
+
+
+def _seconds(value: float | None, digits: int = 1) -> str:
+    return f"{value:.{digits}f}" if value is not None else "-"
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

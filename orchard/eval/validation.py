@@ -1,0 +1,84 @@
+"""`orchard eval validate`: check a SWE suite through the evaluator's own grader, in sandboxes: for every
+task, the gold patch must resolve it and the empty patch must not (its FAIL_TO_PASS tests fail while its
+PASS_TO_PASS tests pass)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from orchard.core.errors import OrchardError
+from orchard.core.task import SWETestsGrader, Task
+from orchard.core.task_suite import TaskSuite
+from orchard.core.trajectory import Outcome
+from orchard.eval.grading import grade_swe_patch
+from orchard.eval.suites import load_suite, select_tasks
+from orchard.eval.swe_tests import PASSED
+from orchard.sandbox.client import AsyncOrchard
+
+
+class TaskValidation(BaseModel):
+    task_id: str
+    problems: list[str] = Field(default_factory=list)
+    gold_resolved: bool | None = None
+    empty_resolved: bool | None = None
+    duration_s: float = 0.0
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+
+async def validate_suite(suite: str | Path | TaskSuite, task_ids: list[str] | None = None, *, parallel: int = 4,
+                         orchard_url: str | None = None) -> list[TaskValidation]:
+    tasks = select_tasks(load_suite(suite), task_ids)
+    slots = asyncio.Semaphore(max(1, parallel))
+    async with AsyncOrchard(orchard_url) as orch:
+
+        async def one(task: Task) -> TaskValidation:
+            async with slots:
+                return await validate_task(orch, task)
+
+        return list(await asyncio.gather(*(one(task) for task in tasks)))
+
+
+async def validate_task(orch: AsyncOrchard, task: Task) -> TaskValidation:
+    started = time.monotonic()
+    result = TaskValidation(task_id=task.id)
+    grader = task.grader
+    if not isinstance(grader, SWETestsGrader) or not grader.reference_patch:
+        result.problems.append("not a SWE task with a reference (gold) patch: nothing to validate")
+        return result
+    try:
+        gold, empty = await asyncio.gather(grade_swe_patch(orch, task, grader.reference_patch, label="gold patch"),
+                                           grade_swe_patch(orch, task, "", label="empty patch"))
+    except OrchardError as exc:
+        result.problems.append(f"grading failed: {exc.code}: {exc}")
+        return result
+    result.gold_resolved, result.empty_resolved = gold.resolved, empty.resolved
+    result.problems += _problems(grader, gold, empty)
+    result.duration_s = time.monotonic() - started
+    return result
+
+
+def _problems(grader: SWETestsGrader, gold: Outcome, empty: Outcome) -> list[str]:
+    problems = [f"{label}: {outcome.details['patch_error']}" for label, outcome in (("gold", gold), ("empty", empty))
+                if "patch_error" in outcome.details]
+    if problems:
+        return problems
+    gold_tests, empty_tests = gold.details["tests"], empty.details["tests"]
+    for test_id in grader.fail_to_pass:
+        if gold_tests[test_id] != PASSED:
+            problems.append(f"FAIL_TO_PASS {test_id} is {gold_tests[test_id]} with the gold patch")
+        if empty_tests[test_id] == PASSED:
+            problems.append(f"FAIL_TO_PASS {test_id} already passes without the fix")
+    for test_id in grader.pass_to_pass:
+        for label, tests in (("gold", gold_tests), ("empty", empty_tests)):
+            if tests[test_id] != PASSED:
+                problems.append(f"PASS_TO_PASS {test_id} is {tests[test_id]} with the {label} patch")
+    if problems and all(outcome == "missing" for outcome in empty_tests.values()):
+        problems.append("no test reported at all; the test run said:\n" + empty.details["log_tail"][-1500:])
+    return problems
