@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import secrets
+import tempfile
 import shutil
 import signal
 import socket
@@ -159,6 +160,26 @@ async def test_writes_outside_the_workspace_stay_inside(backend):
         assert r.exit_code != 0
     assert not Path(f"/tmp/{marker}").exists()
     assert not Path(f"/etc/{marker}").exists() and not Path(f"/{marker}").exists()
+
+
+async def test_sandboxes_cannot_see_each_other_or_orchards_state(bundle_cache, monkeypatch):
+    """Orchard's home lies under the read-only host root that host-image sandboxes see (here under
+    /var/tmp, which is bound, unlike /tmp): one sandbox must not read another's workspace, the state db,
+    or the host's service sockets in /run."""
+    home = Path(tempfile.mkdtemp(prefix="orchard-test-home-", dir="/var/tmp"))
+    monkeypatch.setenv("ORCHARD_HOME", str(home))
+    (home / "state.db").write_text("tokens")
+    backend = LocalBackend(home / "sandboxes", bundle_cache_dir=bundle_cache)
+    try:
+        async with running(backend) as (_, a), running(backend) as (b_sb, b):
+            await b.write_file("secret.txt", b"b's secret")
+            assert (Path(b_sb.handle["sandbox_dir"]) / "rw" / "workspace" / "secret.txt").exists()
+            r = await a.exec(f"cat {home}/sandboxes/*/rw/workspace/secret.txt {home}/state.db")
+            assert r.exit_code != 0 and r.stdout == "" and "No such file" in r.stderr, r
+            assert (await a.exec("ls -A /run")).stdout == ""
+    finally:
+        await backend.close()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 async def test_token_never_appears_on_a_command_line(backend):

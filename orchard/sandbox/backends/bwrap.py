@@ -10,7 +10,9 @@ What the arguments do:
   directories, so nothing can be created on the host (a plain `--ro-bind / /` makes bwrap mkdir mount
   points on the host's real root); image = rootfs directory: an overlay whose upper layer is private to
   the sandbox, so the shared rootfs is never written;
-- fresh /dev, /proc and /tmp; the agent bundle read-only at /.orchard; the `shared` part of the
+- fresh /dev, /proc, /tmp and /run; Orchard's own state directories (the home with every sandbox's
+  workspace and the state db) covered by empty tmpfs mounts, so one sandbox never sees another's files;
+- the agent bundle read-only at /.orchard; the `shared` part of the
   sandbox's run directory (the agent's socket, the token) at /.orchard/run.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 from pydantic import BaseModel
 
@@ -31,8 +34,9 @@ SOCKET_NAME = "agent.sock"
 TOKEN_NAME = "token"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RESERVED_PATHS = ("/proc", "/dev", DEFAULT_MOUNT_POINT)
-# Host top-level entries a sandbox gets fresh instead of bound.
-HOST_ENTRIES_REPLACED = {"proc", "dev", "tmp"}
+# Host top-level entries a sandbox gets fresh instead of bound (/run holds the host's service sockets,
+# which a read-only bind would still let a sandbox connect to).
+HOST_ENTRIES_REPLACED = {"proc", "dev", "tmp", "run"}
 
 
 def find_bwrap() -> str:
@@ -149,7 +153,7 @@ def sandbox_env(spec: SandboxSpec, rootfs: Path | None, agent_env: dict[str, str
     return env
 
 
-def _host_root_args() -> list[str]:
+def _host_root_args(hidden: Sequence[Path]) -> list[str]:
     args = ["--tmpfs", "/"]
     for entry in sorted(os.scandir("/"), key=lambda e: e.name):
         if entry.name in HOST_ENTRIES_REPLACED:
@@ -159,11 +163,18 @@ def _host_root_args() -> list[str]:
             args += ["--symlink", os.readlink(entry.path), dest]
         elif entry.is_dir() or entry.is_file():
             args += ["--ro-bind", entry.path, dest]
+    args += ["--tmpfs", "/run"]
+    # Orchard's own state (other sandboxes' workspaces, tokens in the state db, a dev cluster's sockets)
+    # must not show through the host root: cover each such directory with an empty tmpfs.
+    for path in hidden:
+        top = path.parts[1] if len(path.parts) > 1 else ""
+        if top and top not in HOST_ENTRIES_REPLACED and path.is_dir():
+            args += ["--tmpfs", str(path)]
     return args
 
 
 def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bundle_dir: Path,
-               hostname: str, env: dict[str, str], info_fd: int) -> list[str]:
+               hostname: str, env: dict[str, str], info_fd: int, hidden: Sequence[Path] = ()) -> list[str]:
     """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
     command line; the command itself must follow on the real command line."""
     args = ["--unshare-all"]
@@ -172,7 +183,7 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
     args += ["--cap-drop", "ALL", "--new-session", "--hostname", hostname, "--info-fd", str(info_fd)]
     rw = paths.writable_dir
     if rootfs is None:
-        args += _host_root_args()
+        args += _host_root_args(hidden)
     else:
         args += ["--overlay-src", str(rootfs), "--overlay", str(rw / "upper"), str(rw / "work"), "/"]
     args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]

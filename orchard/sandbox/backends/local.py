@@ -49,6 +49,10 @@ STALE_UNRECORDED_S = 60.0
 HEALTH_TIMEOUT_S = 10.0
 
 
+MOUNT_RACE_ATTEMPTS = 4
+MOUNT_RACE_MESSAGES = ("bwrap: Can't bind mount", "bwrap: Can't remount", "bwrap: Can't find source path")
+
+
 def orchard_home() -> Path:
     return Path(os.environ.get("ORCHARD_HOME") or Path.home() / ".orchard")
 
@@ -94,6 +98,11 @@ class LocalBackend:
             raise BackendError(f"{self.run_base} must be a directory owned by uid {os.getuid()} with mode "
                                "0700; remove it or pass another run_dir to LocalBackend")
 
+    def _hidden_paths(self) -> list[Path]:
+        """Directories of Orchard's own state that sandboxes on the host image must not see."""
+        paths = {self.root_dir.resolve(), orchard_home().resolve(), self.bundle_cache_dir.resolve()}
+        return sorted(paths)
+
     async def _resources(self) -> tuple[str, AgentBundle]:
         if self._bwrap is None:
             self._bwrap = find_bwrap()
@@ -104,6 +113,18 @@ class LocalBackend:
     # ---- create --------------------------------------------------------------------------------------
 
     async def create(self, sandbox_id: str, spec: SandboxSpec, token: str, *, owner: str = "") -> BackendSandbox:
+        # bwrap binds the host's directories recursively; a mount appearing or vanishing under one of them
+        # meanwhile (e.g. a container runtime's netns) fails that bind. It is transient: try again.
+        for attempt in range(1, MOUNT_RACE_ATTEMPTS + 1):
+            try:
+                return await self._create_once(sandbox_id, spec, token)
+            except BackendError as e:
+                if attempt == MOUNT_RACE_ATTEMPTS or not any(m in str(e) for m in MOUNT_RACE_MESSAGES):
+                    raise
+                await asyncio.sleep(0.05 * attempt)
+        raise AssertionError("unreachable")
+
+    async def _create_once(self, sandbox_id: str, spec: SandboxSpec, token: str) -> BackendSandbox:
         if not SANDBOX_ID.fullmatch(sandbox_id):
             raise InvalidRequest(f"sandbox id {sandbox_id!r} is not valid: use 1-128 letters, digits, "
                                  "'_', '.' or '-', starting with a letter or digit")
@@ -148,7 +169,8 @@ class LocalBackend:
                                             workdir=spec.workdir)
             proc, info_r = spawn(
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg),
-                lambda info_fd: bwrap_args(spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd),
+                lambda info_fd: bwrap_args(spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd,
+                                           hidden=self._hidden_paths()),
                 paths)
             self._children[sandbox_id] = proc
             handle.pid, handle.pid_start = proc.pid, process_start_time(proc.pid) or 0
