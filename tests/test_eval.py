@@ -150,6 +150,16 @@ async def test_an_unreachable_model_is_recorded_as_errors_quickly(home, tmp_path
         assert trajectory.llm_calls and all(call.error.startswith("model_unreachable:") for call in trajectory.llm_calls)
 
 
+async def test_a_harness_past_the_task_timeout_is_an_error_and_its_sandbox_is_deleted(home, tmp_path, scripted):
+    scripted.load([{"content": "thinking...", "delay_s": 2.5}], loop=True)
+    started = time.monotonic()
+    results = await evaluate(home, tmp_path / "run", model=SCRIPTED, config=scripted_config(scripted),
+                             tasks=[PAGEKIT], task_timeout_s=1)
+    assert time.monotonic() - started < 30
+    (row,) = results.tasks
+    assert row.status == "error" and "ran past the task timeout of 1 s" in row.error
+
+
 async def test_resume_skips_finished_tasks_and_retries_errors(home, tmp_path, scripted):
     out = tmp_path / "run"
     down = GatewayConfig(models={SCRIPTED: ModelRoute(model="openai/scripted", api_key="unused",

@@ -55,8 +55,10 @@ class LocalGateway:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))
         self.port = listener.getsockname()[1]
+        # At stop every rollout is over: a call still in flight has no one waiting for it, so it is not
+        # waited for long.
         config = uvicorn.Config(create_app(self.gateway), access_log=False, log_level="warning",
-                                timeout_graceful_shutdown=5, lifespan="on")
+                                timeout_graceful_shutdown=1, lifespan="on")
         self._server = uvicorn.Server(config)
 
         def serve() -> None:

@@ -232,10 +232,14 @@ class _Run:
         oracle = _oracle_module() if self.model == ORACLE_MODEL else None
         if oracle is not None:
             oracle.register(key, task)
+        deadline = asyncio.timeout(self.task_timeout_s)
         try:
-            async with asyncio.timeout(self.task_timeout_s):
+            async with deadline:
                 trajectory = await self.harness.run(visible, sandbox, model)
-        except TimeoutError:
+        except TimeoutError as exc:
+            if not deadline.expired():  # the harness's own timeout escaped it: a crash like any other
+                log.exception("harness %s crashed on task %s", self.harness.name, task.id)
+                return self._failed(None, f"harness crashed: TimeoutError: {exc}")
             return self._failed(None, f"timeout: the harness ran past the task timeout of {self.task_timeout_s:g} s")
         except OrchardError as exc:
             return self._failed(None, f"{exc.code}: {exc}")
