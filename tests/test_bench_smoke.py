@@ -144,4 +144,5 @@ def test_cli_refuses_an_unknown_measurement_name():
     result = CliRunner().invoke(app, ["--only", "no_such_thing"])
     assert result.exit_code == 2
     assert "no_such_thing" in result.output and "exec_latency" in result.output
-    assert set(MEASUREMENTS) == {"exec_latency", "create_ready", "transfer", "many_sandboxes", "agent_rss"}
+    assert set(MEASUREMENTS) == {"exec_latency", "create_ready", "transfer", "many_sandboxes", "agent_rss",
+                                 "eval_throughput", "k8s"}

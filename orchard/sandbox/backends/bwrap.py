@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -173,6 +174,15 @@ def _host_root_args(hidden: Sequence[Path]) -> list[str]:
     return args
 
 
+def _orchard_env_args() -> list[str]:
+    """Orchard's own Python environment stays visible at its path even when it lies under a directory the
+    sandbox gets fresh (a checkout under /tmp): tasks on the host image run tools with its interpreter."""
+    env_dir = Path(sys.prefix)
+    if len(env_dir.parts) > 2 and env_dir.parts[1] in HOST_ENTRIES_REPLACED and env_dir.is_dir():
+        return ["--ro-bind", str(env_dir), str(env_dir)]
+    return []
+
+
 def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bundle_dir: Path,
                hostname: str, env: dict[str, str], info_fd: int, hidden: Sequence[Path] = ()) -> list[str]:
     """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
@@ -188,6 +198,7 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
         args += ["--overlay-src", str(rootfs), "--overlay", str(rw / "upper"), str(rw / "work"), "/"]
     args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     if rootfs is None:
+        args += _orchard_env_args()
         args += ["--bind", str(rw / "workspace"), spec.workdir]
     else:
         args += ["--dir", spec.workdir]
