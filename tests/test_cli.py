@@ -136,7 +136,7 @@ def test_unknown_ids_and_bad_input_give_a_clear_message_and_non_zero_exit(cli_en
     cases = [
         (["sandbox", "exec", "sb-unknown", "--", "true"], "sb-unknown"),
         (["sandbox", "ls", "sb-unknown:/"], "sb-unknown"),
-        (["sandbox", "cp", f"sb-unknown:/etc/hostname", str(tmp_path / "h")], "sb-unknown"),
+        (["sandbox", "cp", "sb-unknown:/etc/hostname", str(tmp_path / "h")], "sb-unknown"),
         (["sandbox", "rm", "sb-unknown"], "sb-unknown"),
         (["sandbox", "cp", str(tmp_path), str(tmp_path / "x")], "exactly one of SRC and DST"),
         (["sandbox", "create", "--env", "NOVALUE"], "KEY=VALUE"),

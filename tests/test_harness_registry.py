@@ -5,7 +5,6 @@ for an installed plugin, and `importlib.metadata` finds it there."""
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest

@@ -78,11 +78,16 @@ def _line(item: BaseModel) -> bytes:
 
 
 def _replace(path: Path, items: Iterable[BaseModel]) -> None:
+    atomic_write(path, b"".join(_line(item) for item in items))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: readers see the old file or the new one, never half of one."""
+    path = Path(path)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
-            for item in items:
-                out.write(_line(item))
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)

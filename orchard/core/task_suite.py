@@ -11,15 +11,13 @@ line is a SWE-bench instance (as the dataset's JSONL export has them), turned in
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchard.core.errors import InvalidRequest, NotFound
-from orchard.core.jsonl import read_jsonl, write_jsonl
+from orchard.core.jsonl import atomic_write, read_jsonl, write_jsonl
 from orchard.core.task import SWEBenchInstance, Task
 
 MANIFEST_FILE = "suite.json"
@@ -89,16 +87,7 @@ class TaskSuite(BaseModel):
         directory.mkdir(parents=True, exist_ok=True)
         write_jsonl(directory / TASKS_FILE, self.tasks)
         manifest = SuiteManifest(name=self.name, description=self.description)
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{MANIFEST_FILE}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(manifest.model_dump_json(indent=2) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, directory / MANIFEST_FILE)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+        atomic_write(directory / MANIFEST_FILE, (manifest.model_dump_json(indent=2) + "\n").encode())
 
 
 def _read_manifest(directory: Path) -> SuiteManifest:

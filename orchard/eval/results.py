@@ -10,8 +10,6 @@ task, so both always agree on complete lines. A rollout whose outcome has an `er
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from orchard.core.errors import InvalidRequest
-from orchard.core.jsonl import read_jsonl
+from orchard.core.jsonl import atomic_write, read_jsonl
 from orchard.core.trajectory import Trajectory
 
 RESULTS_FILE = "results.json"
@@ -157,14 +155,4 @@ def write_results(out_dir: Path, results: EvalResults) -> None:
     """Replace results.json atomically: readers see the old file or the new one, never half of one."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=out_dir, prefix=f".{RESULTS_FILE}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(results.model_dump(mode="json"), out, indent=2)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, out_dir / RESULTS_FILE)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    atomic_write(out_dir / RESULTS_FILE, (json.dumps(results.model_dump(mode="json"), indent=2) + "\n").encode())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from orchard.gateway.config import GatewayConfig
@@ -17,18 +16,10 @@ def serve(host: str = "127.0.0.1", port: int = 4000, config: GatewayConfig | str
 
     from orchard.gateway.app import create_app
     from orchard.gateway.gateway import Gateway
+    from orchard.sandbox.server.main import log_to_stderr
 
     if not isinstance(config, GatewayConfig):
         config = GatewayConfig.load(config) if config is not None else GatewayConfig()
-    _log_to_stderr(log_level)
+    log_to_stderr(log_level)
     app = create_app(Gateway(config))
     uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10)
-
-
-def _log_to_stderr(level: str) -> None:
-    logger = logging.getLogger("orchard")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(level.upper())

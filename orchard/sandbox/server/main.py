@@ -21,7 +21,7 @@ def serve(host: str = "127.0.0.1", port: int = 8700, backend_name: str = "local"
     sandboxes outlive the server and are re-adopted by the next one on the same home."""
     if not api_key:
         raise InvalidRequest("an API key is required: clients must send 'Authorization: Bearer <api key>'")
-    _log_to_stderr(log_level)
+    log_to_stderr(log_level)
     home = resolve_home(home)
     backend = create_backend(backend_name, **backend_options(backend_name, home))
     service = SandboxService(backend, SandboxStore(state_db_path(home)), reap_interval_s=reap_interval_s)
@@ -29,7 +29,7 @@ def serve(host: str = "127.0.0.1", port: int = 8700, backend_name: str = "local"
     uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10)
 
 
-def _log_to_stderr(level: str) -> None:
+def log_to_stderr(level: str) -> None:
     """uvicorn configures only its own loggers; show the orchestrator's (reconcile, reaping) the same way."""
     logger = logging.getLogger("orchard")
     if not logger.handlers:
