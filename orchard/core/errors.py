@@ -107,3 +107,12 @@ ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
 def error_from_code(code: str, message: str) -> OrchardError:
     """Rebuild a typed error from a wire `{"error": code, "message": ...}` body."""
     return ERRORS_BY_CODE.get(code, OrchardError)(message)
+
+
+def first_problem(errors: list[dict], default: str = "input", *, skip: int = 0) -> str:
+    """`field.path: message` for the first of pydantic's `errors()` (what a user fixes first), noting how
+    many more there are. `skip` drops leading location parts (e.g. FastAPI's "body")."""
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"][skip:]) or default
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}{more}"

@@ -19,7 +19,7 @@ from typing import BinaryIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchard.core.errors import InvalidRequest, NotFound
+from orchard.core.errors import InvalidRequest, first_problem, NotFound
 from orchard.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,8 @@ def _parse(path: Path, number: int, line: bytes, model: type[M]) -> M:
     try:
         return model.model_validate_json(line)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "line"
-        raise InvalidRequest(f"{path}:{number}: not a valid {model.__name__} ({where}: {first['msg']}"
-                             f"{f'; and {exc.error_count() - 1} more' if exc.error_count() > 1 else ''})") from None
+        raise InvalidRequest(f"{path}:{number}: not a valid {model.__name__} "
+                             f"({first_problem(exc.errors(), 'line')})") from None
 
 
 def _line(item: BaseModel) -> bytes:

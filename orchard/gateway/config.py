@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from orchard.core.errors import InvalidRequest, ModelError, NotFound
+from orchard.core.errors import InvalidRequest, first_problem, ModelError, NotFound
 from orchard.gateway.budget import Budget
 
 # Models Orchard runs itself (orchard/policies), reached through litellm's custom-provider hook as provider
@@ -102,10 +102,7 @@ class GatewayConfig(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "config"
-            raise InvalidRequest(f"gateway config {path}: {where}: {first['msg']}"
-                                 f"{f' (and {exc.error_count() - 1} more)' if exc.error_count() > 1 else ''}") from None
+            raise InvalidRequest(f"gateway config {path}: {first_problem(exc.errors(), 'config')}") from None
 
     def route(self, model: str) -> ModelRoute:
         """The route for a requested model name: its alias, else a built-in model (oracle, smollm2), else

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from orchard.core.errors import InvalidRequest, NotFound, OrchardError
+from orchard.core.errors import InvalidRequest, first_problem, NotFound, OrchardError
 from orchard.core.harness import ROLLOUT_KEY_HEADER
 from orchard.core.trajectory import LLMCall
 from orchard.gateway.budget import Budget, BudgetLedger, RolloutUsage
@@ -119,7 +119,5 @@ def _parse_request(request: ChatCompletionRequest | dict[str, Any]) -> ChatCompl
     try:
         return ChatCompletionRequest.model_validate(request)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "request"
-        raise InvalidRequest(f"invalid chat completion request: {where}: {first['msg']}") from None
+        raise InvalidRequest(f"invalid chat completion request: {first_problem(exc.errors(), 'request')}") from None
 

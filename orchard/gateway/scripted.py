@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.core.errors import InvalidRequest, first_problem, OrchardError
 from orchard.gateway.scripted_script import (
     Script,
     ScriptedResponse,
@@ -109,10 +109,8 @@ def create_scripted_app(script: Script, *, model_name: str = "scripted") -> Fast
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"][1:]) or "body"
-        return JSONResponse(ErrorBody(error=InvalidRequest.code, message=f"invalid request: {where}: "
-                                      f"{first['msg']}").model_dump(), status_code=400)
+        message = f"invalid request: {first_problem(exc.errors(), 'body', skip=1)}"
+        return JSONResponse(ErrorBody(error=InvalidRequest.code, message=message).model_dump(), status_code=400)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchard.core.errors import InvalidRequest, NotFound
+from orchard.core.errors import InvalidRequest, first_problem, NotFound
 
 
 class ScriptedToolCall(BaseModel):
@@ -85,9 +85,8 @@ class Script(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            location = ".".join(str(part) for part in first["loc"]) or "script"
-            raise InvalidRequest(f"{where} is not a valid script ({location}: {first['msg']}); expected a list of "
+            raise InvalidRequest(f"{where} is not a valid script ({first_problem(exc.errors(), 'script')}); "
+                                 "expected a list of "
                                  '{"content": ..., "tool_calls": [{"name": ..., "arguments": {...}}]}') from None
 
 

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orchard.core.errors import InvalidRequest, ModelError, ModelUnreachable
+from orchard.core.errors import InvalidRequest, first_problem, ModelError, ModelUnreachable
 from orchard.policies.chat_render import render_for_template, template_supports_tools
 from orchard.policies.tool_parsing import parse_model_output
 
@@ -260,9 +260,7 @@ def sampling_request(params: dict[str, Any]) -> SamplingRequest:
     try:
         return SamplingRequest.model_validate(params)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "request"
-        raise InvalidRequest(f"smollm2 cannot honour {where}: {first['msg']}") from None
+        raise InvalidRequest(f"smollm2 cannot honour {first_problem(exc.errors(), 'request')}") from None
 
 
 def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, params: dict[str, Any], *,
