@@ -55,7 +55,9 @@ class ScriptedModel:
 @contextlib.contextmanager
 def scripted_model() -> Iterator[ScriptedModel]:
     """The scripted server on a free loopback port, in a thread of this process."""
-    listener = socket.socket()
+    # IPPROTO_TCP explicitly: asyncio turns Nagle off only for sockets whose proto says TCP, and with
+    # Nagle on every scripted reply waits ~40 ms for a delayed ACK.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     app = create_scripted_app(Script.parse([{"content": "no script loaded yet"}]))

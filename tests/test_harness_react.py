@@ -20,11 +20,9 @@ from orchard.sandbox.client import AsyncOrchard
 from tests.harness_rig import (
     assert_recorded,
     assert_valid_and_linked,
-    gateway_in_front_of,
     grade,
     model_config,
     normalized,
-    scripted_model,
     swe_mini_task,
     task_sandbox,
     tool_calls,
@@ -47,18 +45,6 @@ SOLVING_SCRIPT = [
     tool_calls(("bash", {"command": f"{REPRO} && python -m pytest -q 2>&1 | tail -1"})),
     tool_calls(("submit", {"summary": "round the page count up"})),
 ]
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    with scripted_model() as model:
-        yield model
-
-
-@pytest.fixture(scope="module")
-def gateway(scripted):
-    with gateway_in_front_of(scripted) as gw:
-        yield gw
 
 
 @pytest.fixture(scope="module")
