@@ -10,6 +10,34 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 NetworkMode = Literal["none", "allowlist", "open"]
 
+# Limits on a spec's strings: past them a sandbox cannot be made anyway (the kernel refuses a path
+# component over 255 bytes, one environment string of 128 KiB or more), so they are refused up front.
+MAX_IMAGE_CHARS = 1024
+MAX_WORKDIR_CHARS = 1024
+MAX_PATH_COMPONENT_BYTES = 255
+MAX_ENV_VARS = 1024
+MAX_ENV_ENTRY_BYTES = 128 * 1024 - 1  # "NAME=VALUE" plus its NUL must fit the kernel's MAX_ARG_STRLEN
+MAX_LABELS = 64
+MAX_LABEL_KEY_CHARS = 128
+MAX_LABEL_VALUE_CHARS = 1024
+
+# Environment variables the sandbox's agent (or the bundled interpreter and dynamic loader that start it)
+# reads: a spec setting them would replace the agent's token file or the code it runs. Orchard sets the
+# ones it needs itself; a spec may not.
+RESERVED_ENV_PREFIXES = ("ORCHARD_AGENT_",)
+RESERVED_ENV_NAMES = frozenset({"PYTHONHOME", "PYTHONPATH", "LD_PRELOAD", "LD_AUDIT"})
+
+
+def reserved_env_reason(name: str) -> str | None:
+    """Why `name` may not be set by a sandbox spec, or None when it may."""
+    if name.startswith(RESERVED_ENV_PREFIXES):
+        return "ORCHARD_AGENT_* variables configure the sandbox's agent (its token file, its limits)"
+    if name in ("PYTHONHOME", "PYTHONPATH"):
+        return "the agent's bundled Python needs its own; set it per command (exec's env) instead"
+    if name in RESERVED_ENV_NAMES:
+        return "the dynamic loader would load it into the agent itself; set it per command (exec's env) instead"
+    return None
+
 
 class NetworkPolicy(BaseModel):
     """Egress a sandbox gets. `none` (default): loopback only. `allowlist`: only `allow` (host[:port] or
@@ -17,7 +45,7 @@ class NetworkPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     mode: NetworkMode = "none"
-    allow: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=list, max_length=256)
 
     @model_validator(mode="after")
     def _allow_only_with_allowlist(self) -> "NetworkPolicy":
@@ -30,8 +58,10 @@ class SandboxSpec(BaseModel):
     """What to run. `image` is a backend-specific reference: for the local backend `host` (the host's root,
     read-only, plus a writable workdir) or the path of a rootfs directory; for Kubernetes an OCI image."""
 
-    model_config = ConfigDict(extra="forbid")
-    image: str = "host"
+    # Non-finite numbers are refused: JSON has no infinity, so one would be stored as null and every later
+    # read of the sandbox (listing, the reaper, a restart) would fail.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    image: str = Field(default="host", min_length=1, max_length=MAX_IMAGE_CHARS)
     cpu: float | None = Field(default=None, gt=0, description="CPU cores (quota), None = unlimited")
     memory_mb: int | None = Field(default=None, gt=0, description="memory limit in MiB")
     disk_mb: int | None = Field(default=None, gt=0, description="size of the writable workdir in MiB")
@@ -39,23 +69,51 @@ class SandboxSpec(BaseModel):
     timeout_s: float = Field(default=3600, gt=0, description="TTL: deleted this long after creation")
     heartbeat_timeout_s: float | None = Field(
         default=None, gt=0, description="also deleted when no heartbeat came for this long (None = off)")
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str = "/workspace"
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV_VARS)
+    workdir: str = Field(default="/workspace", max_length=MAX_WORKDIR_CHARS)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
 
     @field_validator("workdir")
     @classmethod
     def _absolute_workdir(cls, v: str) -> str:
         if not v.startswith("/") or "\x00" in v:
             raise ValueError("workdir must be an absolute path")
+        long = [part for part in v.split("/") if len(part.encode()) > MAX_PATH_COMPONENT_BYTES]
+        if long:
+            raise ValueError(f"workdir has a path component of {len(long[0].encode())} bytes; the limit is "
+                             f"{MAX_PATH_COMPONENT_BYTES}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _usable_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not name or "=" in name or "\x00" in name or "\x00" in value:
+                raise ValueError(f"{name!r} is not a valid variable: names must be non-empty without '=' or "
+                                 "NUL, values without NUL")
+            reason = reserved_env_reason(name)
+            if reason:
+                raise ValueError(f"{name} is reserved and cannot be set: {reason}")
+            size = len(name.encode()) + 1 + len(value.encode())
+            if size > MAX_ENV_ENTRY_BYTES:
+                raise ValueError(f"{name} is {size} bytes as NAME=VALUE; one variable must stay under 128 KiB")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _short_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if len(key) > MAX_LABEL_KEY_CHARS or len(value) > MAX_LABEL_VALUE_CHARS:
+                raise ValueError(f"label {key[:40]!r}... is too long: keys up to {MAX_LABEL_KEY_CHARS} "
+                                 f"characters, values up to {MAX_LABEL_VALUE_CHARS}")
         return v
 
 
 class ExecRequest(BaseModel):
     """One command. A string runs under `/bin/sh -c`; a list is exec'd as argv."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     command: str | list[str]
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -124,6 +182,7 @@ SandboxState = Literal["creating", "ready", "deleting", "deleted", "lost"]
 class SandboxInfo(BaseModel):
     """What the orchestrator knows about a sandbox; `agent_url` + `token` let clients talk to it directly."""
 
+    model_config = ConfigDict(allow_inf_nan=False)
     id: str
     state: SandboxState
     spec: SandboxSpec

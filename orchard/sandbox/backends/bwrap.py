@@ -123,6 +123,9 @@ def validate_image(spec: SandboxSpec) -> Path | None:
     if not rootfs.is_absolute():
         raise InvalidRequest(f"image {spec.image!r} is not usable by the local backend: give 'host' or the "
                              "absolute path of a rootfs directory")
+    if rootfs.resolve() == Path("/"):
+        raise InvalidRequest(f"image {spec.image!r} is the host's root, which cannot be a rootfs (the "
+                             "sandbox's own files live under it); use image 'host' for the host's root")
     if not rootfs.is_dir():
         raise InvalidRequest(f"rootfs {spec.image} does not exist or is not a directory; build or unpack "
                              "the image there first (e.g. debootstrap, or `podman export` + tar -x)")
@@ -147,10 +150,11 @@ def sandbox_env(spec: SandboxSpec, rootfs: Path | None, agent_env: dict[str, str
         if not key or "=" in key or "\x00" in key or "\x00" in value:
             raise InvalidRequest(f"env {key!r} is not valid: names must be non-empty without '=' or NUL, "
                                  "values without NUL")
-    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": "/root" if rootfs else spec.workdir,
-           "ORCHARD_AGENT_TOKEN_FILE": f"{RUN_MOUNT_POINT}/{TOKEN_NAME}"}
+    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": "/root" if rootfs else spec.workdir}
     env.update(spec.env)
+    # Last, so that nothing in the spec can replace them (the spec's validation refuses them too).
     env.update(agent_env)
+    env["ORCHARD_AGENT_TOKEN_FILE"] = f"{RUN_MOUNT_POINT}/{TOKEN_NAME}"
     return env
 
 
