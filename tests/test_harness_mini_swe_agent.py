@@ -62,11 +62,11 @@ async def test_mini_swe_agent_solves_a_swe_mini_task_through_the_gateway(scripte
         trajectory = await get_harness("mini-swe-agent").run(task, sandbox, model)
         patch, outcome = await grade(orch, task, sandbox)
 
-    assert trajectory.outcome is None and trajectory.extra["exit_status"] == "submitted"
+    assert trajectory.outcome is None and trajectory.exit_status == "submitted"
     assert outcome.resolved, outcome.details
     assert "-(-self.total // self.per_page)" in patch
     assert_valid_and_linked(trajectory)
-    assert trajectory.agent.name == "mini-swe-agent" and trajectory.agent.version.startswith("2.")
+    assert trajectory.agent.name == "mini-swe-agent" and "+minisweagent.2." in trajectory.agent.version
     assert trajectory.agent.tool_definitions == [BASH_TOOL]
 
     # system + instance prompts are the package's `mini` config, rendered with the sandbox's uname
@@ -112,7 +112,7 @@ async def test_step_limit_stops_cleanly_and_long_output_is_cut_by_the_package_te
     model = model_config(gateway)
     async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
         trajectory = await MiniSweAgentHarness(step_limit=2).run(task, sandbox, model)
-    assert trajectory.outcome is None and trajectory.extra["exit_status"] == "step_limit"
+    assert trajectory.outcome is None and trajectory.exit_status == "step_limit"
     assert trajectory.extra["mini_swe_agent"]["info"]["exit_status"] == "LimitsExceeded"
     assert agent_sources(trajectory).count("agent") == 2 and trajectory.notes.startswith("stopped:")
     assert len(gateway.end_rollout(model.rollout_key)) == 2
@@ -141,7 +141,7 @@ async def test_text_mode_parses_actions_from_the_reply(scripted, gateway, home):
     async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
         trajectory = await MiniSweAgentHarness(mode="text").run(task, sandbox, model)
     gateway.end_rollout(model.rollout_key)
-    assert trajectory.extra["exit_status"] == "submitted" and trajectory.agent.tool_definitions == []
+    assert trajectory.exit_status == "submitted" and trajectory.agent.tool_definitions == []
     listing = trajectory.steps[2]
     assert listing.tool_calls == [] and listing.extra["actions"] == ["ls pagekit"]
     assert listing.observation.results[0].source_call_id is None
@@ -155,14 +155,14 @@ async def test_unreachable_model_and_lost_sandbox_are_error_outcomes(gateway, ho
     async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
         trajectory = await MiniSweAgentHarness().run(task, sandbox, nothing_there)
         assert trajectory.outcome.error.startswith("model call failed: cannot reach the model endpoint")
-        assert trajectory.extra["exit_status"] == "model_error"
+        assert trajectory.exit_status == "model_error"
         assert agent_sources(trajectory) == ["system", "user"]
         assert trajectory.extra["mini_swe_agent"]["messages"][-1]["extra"]["exit_status"] == "ModelCallFailed"
         assert_valid_and_linked(trajectory)
 
         await sandbox.close()  # the sandbox is gone before the harness starts
         lost = await MiniSweAgentHarness().run(task, sandbox, model_config(gateway))
-    assert lost.outcome.error.startswith("sandbox failed") and lost.extra["exit_status"] == "sandbox_error"
+    assert lost.outcome.error.startswith("sandbox failed") and lost.exit_status == "sandbox_error"
 
 
 async def test_cancelling_the_harness_stops_the_agent_thread(scripted, gateway, home):

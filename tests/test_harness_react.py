@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import time
+
 import pytest
 
 from orchard.core.chat import to_chat_messages
@@ -61,7 +63,7 @@ async def test_react_solves_a_swe_mini_task_through_the_gateway(scripted, gatewa
         trajectory = await get_harness("react").run(task, sandbox, model)
         patch, outcome = await grade(orch, task, sandbox)
 
-    assert trajectory.outcome is None and trajectory.extra["exit_status"] == "submitted"
+    assert trajectory.outcome is None and trajectory.exit_status == "submitted"
     assert outcome.resolved, outcome.details
     assert "-(-self.total // self.per_page)" in patch and "tests/" not in patch
     assert_valid_and_linked(trajectory)
@@ -97,7 +99,7 @@ async def test_react_solves_a_swe_mini_task_through_the_gateway(scripted, gatewa
 @pytest.mark.parametrize("limit, options, replies", [
     ("step_limit", {"step_limit": 2}, 2),
     ("token_limit", {"token_limit": 1}, 1),
-    ("wall_time_limit", {"wall_time_limit_s": 0.5, "command_timeout_s": 5}, 1),
+    ("time_limit", {"wall_time_limit_s": 0.5, "command_timeout_s": 5}, 1),
 ])
 async def test_limits_end_the_run_cleanly(scripted, gateway, home, limit, options, replies):
     scripted.load([tool_calls(("bash", {"command": "sleep 0.6; echo again"}))], loop=True)
@@ -106,11 +108,25 @@ async def test_limits_end_the_run_cleanly(scripted, gateway, home, limit, option
     async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
         trajectory = await ReActHarness(**options).run(task, sandbox, model)
     assert trajectory.outcome is None
-    assert trajectory.extra["exit_status"] == limit and trajectory.notes.startswith("stopped:")
+    assert trajectory.exit_status == limit and trajectory.notes.startswith("stopped:")
     assert [step.source for step in trajectory.steps].count("agent") == replies
     assert "again" in trajectory.steps[-1].observation.results[0].content
     assert_valid_and_linked(trajectory)
     assert len(gateway.end_rollout(model.rollout_key)) == replies
+
+
+async def test_the_evaluators_deadline_stops_the_loop_cleanly_before_it(scripted, gateway, home):
+    """ModelConfig.deadline is when the evaluator would cut the harness off: the loop stops before it, as
+    a time limit, with the steps so far and without leaving a command running past it."""
+    scripted.load([tool_calls(("bash", {"command": "sleep 30; echo never"}))], loop=True)
+    task = swe_mini_task(TASK_ID)
+    model = model_config(gateway).model_copy(update={"deadline": time.time() + 7})
+    async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
+        trajectory = await ReActHarness().run(task, sandbox, model)
+    assert trajectory.outcome is None and trajectory.exit_status == "time_limit"
+    assert time.time() < model.deadline, "the loop ran past the evaluator's deadline"
+    assert [step.source for step in trajectory.steps].count("agent") == 1
+    gateway.end_rollout(model.rollout_key)
 
 
 async def test_gateway_budget_is_a_limit_not_an_error(scripted, gateway, home):
@@ -120,7 +136,7 @@ async def test_gateway_budget_is_a_limit_not_an_error(scripted, gateway, home):
     gateway.gateway.start_rollout(model.rollout_key, Budget(max_calls=1))
     async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
         trajectory = await ReActHarness().run(task, sandbox, model)
-    assert trajectory.outcome is None and trajectory.extra["exit_status"] == "gateway_budget"
+    assert trajectory.outcome is None and trajectory.exit_status == "budget_exhausted"
     assert [step.source for step in trajectory.steps].count("agent") == 1
     gateway.end_rollout(model.rollout_key)
 
@@ -150,7 +166,7 @@ async def test_unreachable_model_is_an_error_outcome_with_the_steps_so_far(gatew
                               (nothing_there, "cannot reach the model endpoint")):
             trajectory = await ReActHarness().run(task, sandbox, model)
             assert trajectory.outcome is not None and reason in trajectory.outcome.error
-            assert trajectory.extra["exit_status"] == "model_error"
+            assert trajectory.exit_status == "model_error"
             assert [step.source for step in trajectory.steps] == ["system", "user"]
             assert_valid_and_linked(trajectory)
     failed = gateway.end_rollout(behind_gateway.rollout_key)
@@ -168,7 +184,7 @@ async def test_a_lost_sandbox_is_an_error_outcome(scripted, gateway, home):
         await sandbox.close()
     gateway.end_rollout(model.rollout_key)
     assert trajectory.outcome.error.startswith("sandbox failed: sandbox ")
-    assert trajectory.extra["exit_status"] == "sandbox_error"
+    assert trajectory.exit_status == "sandbox_error"
     assert [step.source for step in trajectory.steps] == ["system", "user", "agent"]
     assert_valid_and_linked(trajectory)
 

@@ -9,7 +9,8 @@ called with the options given to `get_harness`."""
 from __future__ import annotations
 
 import inspect
-from importlib.metadata import EntryPoint, entry_points
+import time
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version as distribution_version
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -22,6 +23,16 @@ from orchard.core.trajectory import Trajectory
 ENTRY_POINT_GROUP = "orchard.harnesses"
 BUILTIN_DISTRIBUTION = "orchard"
 ROLLOUT_KEY_HEADER = "X-Orchard-Rollout-Key"
+
+
+def orchard_version() -> str:
+    """The installed orchard's version (what built-in harnesses record), or the source tree's."""
+    try:
+        return distribution_version(BUILTIN_DISTRIBUTION)
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        from orchard import __version__
+
+        return __version__
 
 
 class SamplingParams(BaseModel):
@@ -56,9 +67,17 @@ class ModelConfig(BaseModel):
     rollout_key: str | None = None
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     timeout_s: float = Field(default=600, gt=0, description="per model call")
+    deadline: float | None = Field(
+        default=None, allow_inf_nan=False,
+        description="when the agent's time is up (seconds since the epoch, `time.time()`): the evaluator stops "
+                    "the harness then, so a harness can wrap up before it (see `time_left_s`)")
 
     def headers(self) -> dict[str, str]:
         return {ROLLOUT_KEY_HEADER: self.rollout_key} if self.rollout_key else {}
+
+    def time_left_s(self) -> float | None:
+        """Seconds until `deadline` (never below 0), None without one."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.time())
 
 
 @runtime_checkable
@@ -68,7 +87,12 @@ class Harness(Protocol):
     `run` returns the trajectory with `agent.name == name`, `agent.version == version`, `task_id` and the
     model calls made; grading is the evaluator's job, so `outcome` stays None. When the model API or the
     sandbox fails mid-run, `run` still returns the steps so far, with `outcome = Outcome(error=...)`: such
-    a rollout is an error, not a failed attempt."""
+    a rollout is an error, not a failed attempt. `exit_status` (orchard.core.run_status) says how the loop
+    ended: `submitted`, a limit such as `step_limit`, or an error status such as `model_error`.
+
+    A harness may also define `async def setup(self, task, sandbox) -> None`: the evaluator calls it before
+    `run`, as the trial's own timed phase (`harness_setup`), e.g. to install or start what the harness needs
+    in the sandbox. When it raises, the rollout is a `harness_error`, not an attempt."""
 
     name: str
     version: str
@@ -76,17 +100,32 @@ class Harness(Protocol):
     async def run(self, task: Task, sandbox: Sandbox, model: ModelConfig) -> Trajectory: ...
 
 
+async def setup_harness(harness: Harness, task: Task, sandbox: Sandbox) -> bool:
+    """Run the harness's optional `setup` phase; False when it has none."""
+    setup = getattr(harness, "setup", None)
+    if setup is None:
+        return False
+    if not inspect.iscoroutinefunction(setup):
+        raise PluginError(f"harness {harness.name!r}: `setup` must be `async def setup(self, task, sandbox)`")
+    await setup(task, sandbox)
+    return True
+
+
 class HarnessInfo(BaseModel):
     name: str
     source: Literal["builtin", "plugin"]
     distribution: str | None = Field(description="the installed package that registers it")
-    version: str | None = Field(description="that package's version")
+    distribution_version: str | None = Field(description="that package's version")
+    version: str | None = Field(
+        default=None, description="the harness's own `version`, as its trajectories record it (needs an import)")
+    problem: str | None = Field(default=None, description="why the harness could not be imported")
     target: str = Field(description="the entry point's `module:attr`")
 
 
-def list_harnesses() -> list[HarnessInfo]:
-    """Every registered harness; nothing is imported."""
-    infos = [_info(entry) for entry in entry_points(group=ENTRY_POINT_GROUP)]
+def list_harnesses(*, load: bool = False) -> list[HarnessInfo]:
+    """Every registered harness. With `load`, each is imported to read its own `version` (the one its
+    trajectories record and the evaluator's resume key holds); without, nothing is imported."""
+    infos = [_info(entry, load=load) for entry in entry_points(group=ENTRY_POINT_GROUP)]
     return sorted(infos, key=lambda info: (info.name, info.distribution or ""))
 
 
@@ -140,11 +179,17 @@ def _distribution(entry: EntryPoint) -> str | None:
     return entry.dist.name if entry.dist is not None else None
 
 
-def _info(entry: EntryPoint) -> HarnessInfo:
+def _info(entry: EntryPoint, *, load: bool) -> HarnessInfo:
     distribution = _distribution(entry)
+    version, problem = None, None
+    if load:
+        try:
+            version = str(entry.load().version)
+        except Exception as exc:  # a plugin's import can fail in any way: listed with the reason
+            problem = f"{type(exc).__name__}: {exc}"
     return HarnessInfo(
         name=entry.name,
         source="builtin" if distribution == BUILTIN_DISTRIBUTION else "plugin",
         distribution=distribution,
-        version=entry.dist.version if entry.dist is not None else None,
-        target=entry.value)
+        distribution_version=entry.dist.version if entry.dist is not None else None,
+        version=version, problem=problem, target=entry.value)

@@ -11,11 +11,14 @@ version, `agent.model_name` the model, `agent.tool_definitions` the tools offere
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from orchard.core.run_status import ExitStatus, PhaseRecord
 
 ATIF_SCHEMA_VERSION = "ATIF-v1.6"
 SUPPORTED_ATIF_VERSIONS = tuple(f"ATIF-v1.{minor}" for minor in range(8))
@@ -81,9 +84,39 @@ Content = str | list[ContentPart]
 # --- actions and observations ----------------------------------------------------------------------
 
 class ToolCall(ExtensibleAtifObject):
+    """One tool call. `arguments` is ATIF's parsed object; `raw_arguments` (Orchard) is the arguments text
+    exactly as the model wrote it, kept so that training replays what the model produced: a malformed call
+    (`arguments_valid` False, `arguments` then `{}`) stays malformed, and valid JSON keeps its spacing and
+    key order."""
+
+    ORCHARD_FIELDS: ClassVar[frozenset[str]] = frozenset({"raw_arguments"})
+
     tool_call_id: str = Field(min_length=1)
     function_name: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)
+    raw_arguments: str | None = Field(
+        default=None, description="Orchard: the arguments text as the model produced it; None when unknown")
+
+    @property
+    def arguments_valid(self) -> bool:
+        """False when the model's arguments text is not a JSON object (truncated, not JSON, a list...)."""
+        return self.raw_arguments is None or _json_object(self.raw_arguments) is not None
+
+    @model_validator(mode="after")
+    def _raw_matches_parsed(self) -> ToolCall:
+        parsed = None if self.raw_arguments is None else _json_object(self.raw_arguments)
+        if parsed is not None and parsed != self.arguments:
+            raise ValueError(f"tool call {self.tool_call_id!r}: `arguments` must be `raw_arguments` parsed "
+                             "(the raw text is a JSON object that differs from them)")
+        return self
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class SubagentTrajectoryRef(ExtensibleAtifObject):
@@ -261,7 +294,8 @@ class Agent(ExtensibleAtifObject):
 class Trajectory(ExtensibleAtifObject):
     """One rollout of a harness on a task: the ATIF document plus Orchard's records about it."""
 
-    ORCHARD_FIELDS: ClassVar[frozenset[str]] = frozenset({"task_id", "rollout_key", "outcome", "llm_calls"})
+    ORCHARD_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"task_id", "rollout_key", "outcome", "llm_calls", "exit_status", "partial", "phases"})
 
     schema_version: str = ATIF_SCHEMA_VERSION
     session_id: str | None = Field(default_factory=lambda: uuid.uuid4().hex)
@@ -276,6 +310,11 @@ class Trajectory(ExtensibleAtifObject):
     rollout_key: str | None = Field(default=None, description="Orchard: key the gateway billed calls to")
     outcome: Outcome | None = Field(default=None, description="Orchard: None until graded")
     llm_calls: list[LLMCall] = Field(default_factory=list, description="Orchard: every model call")
+    exit_status: ExitStatus | None = Field(
+        default=None, description="Orchard: how the rollout ended (orchard.core.run_status); None until it did")
+    partial: bool = Field(default=False, description="Orchard: the agent was cut off (timeout, crash, kill); "
+                                                      "the steps are those recorded until then")
+    phases: list[PhaseRecord] = Field(default_factory=list, description="Orchard: the trial's phases, timed")
 
     @field_validator("schema_version")
     @classmethod

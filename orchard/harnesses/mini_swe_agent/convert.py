@@ -10,7 +10,8 @@ Message by message:
   mode the `user` observation messages -> results with `source_call_id` None (ATIF's non-tool action).
 - a format error (`user` with `extra.interrupt_type == "FormatError"`) -> a user step; the rejected
   response is in that step's `extra["rejected_response"]`.
-- `exit` -> no step: `extra["exit_status"]`, `extra["submission"]` (and `notes` for limits and errors)."""
+- `exit` -> no step: the typed `exit_status` (orchard.core.run_status), `extra["submission"]` (and `notes`
+  for limits and errors)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from orchard.core.run_status import ExitStatus
 from orchard.core.trajectory import (
     Agent,
     FinalMetrics,
@@ -33,14 +35,13 @@ from orchard.harnesses.openai_client import Completion
 NATIVE_KEY = "mini_swe_agent"
 
 # The package's exit statuses -> the harness-independent ones Orchard's trajectories use.
-EXIT_STATUSES = {
+EXIT_STATUSES: dict[str, ExitStatus] = {
     "Submitted": "submitted",
-    "TimeExceeded": "wall_time_limit",
+    "TimeExceeded": "time_limit",
     "RepeatedFormatError": "format_errors",
     "ModelCallFailed": "model_error",
     "SandboxCallFailed": "sandbox_error",
 }
-LIMIT_STATUSES = frozenset({"step_limit", "cost_limit", "wall_time_limit", "gateway_budget", "format_errors"})
 
 
 def convert_trajectory(native: dict[str, Any], *, agent: Agent, task_id: str, rollout_key: str | None,
@@ -75,24 +76,28 @@ def convert_trajectory(native: dict[str, Any], *, agent: Agent, task_id: str, ro
     trajectory = Trajectory(agent=agent, task_id=task_id, rollout_key=rollout_key, steps=steps,
                             final_metrics=_final_metrics(native, responses, len(steps), wall_time_s))
     status = exit_status(native, exit_extra)
-    trajectory.extra.update({"exit_status": status, "submission": exit_extra.get("submission", ""),
-                             NATIVE_KEY: native})
-    if status in LIMIT_STATUSES or status.endswith("_error") or status == "error":
+    trajectory.exit_status = status
+    trajectory.extra.update({"submission": exit_extra.get("submission", ""), NATIVE_KEY: native})
+    if status != "submitted":
         trajectory.notes = f"stopped: {exit_extra.get('exit_status', status)}" + (
             f" ({exit_extra['reason']})" if exit_extra.get("reason") else "")
     return trajectory
 
 
-def exit_status(native: dict[str, Any], exit_extra: dict[str, Any]) -> str:
+def exit_status(native: dict[str, Any], exit_extra: dict[str, Any]) -> ExitStatus:
+    """The typed status of the package's exit message: `stopped` when the loop ended without one, and
+    `agent_error` for a status this adapter does not know (a newer package's)."""
     native_status = exit_extra.get("exit_status", "")
-    if exit_extra.get("limit"):
-        return str(exit_extra["limit"])
+    if exit_extra.get("limit") == "budget_exhausted":
+        return "budget_exhausted"
     if native_status == "LimitsExceeded":
         agent_config = native.get("info", {}).get("config", {}).get("agent", {})
         calls = native.get("info", {}).get("model_stats", {}).get("api_calls", 0)
         step_limit = agent_config.get("step_limit") or 0
         return "step_limit" if 0 < step_limit <= calls else "cost_limit"
-    return EXIT_STATUSES.get(native_status, "error" if native_status else "")
+    if not native_status:
+        return "stopped"
+    return EXIT_STATUSES.get(native_status, "agent_error")
 
 
 def _agent_step(step_id: int, message: dict[str, Any], extra: dict[str, Any], model_name: str | None) -> Step:
@@ -108,17 +113,19 @@ def _agent_step(step_id: int, message: dict[str, Any], extra: dict[str, Any], mo
 
 
 def _tool_call(call: dict[str, Any]) -> ToolCall:
+    """The recorded call with the arguments text the model wrote (`raw_arguments`, replayed by training as
+    written); `arguments` is that text parsed, `{}` when it is not a JSON object."""
     function = call.get("function") or {}
     raw = function.get("arguments")
-    try:
-        arguments = json.loads(raw) if isinstance(raw, str) else (raw or {})
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        return ToolCall(tool_call_id=call.get("id") or "unknown", function_name=function.get("name") or "unknown",
-                        extra={"raw_arguments": raw})
+    if isinstance(raw, str):
+        try:
+            arguments = json.loads(raw)
+        except ValueError:
+            arguments = None
+    else:  # already an object: there is no text to keep
+        arguments, raw = raw or {}, None
     return ToolCall(tool_call_id=call.get("id") or "unknown", function_name=function.get("name") or "unknown",
-                    arguments=arguments)
+                    arguments=arguments if isinstance(arguments, dict) else {}, raw_arguments=raw)
 
 
 def _observe(step: Step, message: dict[str, Any], *, source_call_id: str | None) -> None:

@@ -20,8 +20,9 @@ from minisweagent.utils.serialize import recursive_merge
 from pydantic import ValidationError
 
 from orchard.core.errors import InvalidRequest, OrchardError
-from orchard.core.harness import ModelConfig
+from orchard.core.harness import ModelConfig, orchard_version
 from orchard.core.sandbox import Sandbox
+from orchard.core.run_status import ExitStatus
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Trajectory
 from orchard.harnesses.mini_swe_agent.bridge import LoopBridge, run_in_thread
@@ -37,12 +38,15 @@ from orchard.harnesses.openai_client import ChatClient
 # The package's own default configs: `mini` is what its `mini` command runs (tool calling, v2's default);
 # `mini_textbased` the text-mode variant.
 DEFAULT_CONFIGS: dict[str, str] = {"toolcall": "mini", "text": "mini_textbased"}
+DEADLINE_MARGIN_S = 5.0  # the loop stops this long before the evaluator's deadline
 DEFAULT_AGENT_CLASSES = frozenset({"", "default", "minisweagent.agents.default.DefaultAgent"})
 
 
 class MiniSweAgentHarness:
     name = "mini-swe-agent"
-    version = minisweagent.__version__
+    # The adapter's version with the wrapped package's as a local label (e.g. 0.1.0+minisweagent.2.1.0):
+    # a change of either changes what the trajectories record and the evaluator's resume key.
+    version = f"{orchard_version()}+minisweagent.{minisweagent.__version__}"
 
     def __init__(self, config: str | Path | dict[str, Any] | None = None, *, mode: Mode = "toolcall",
                  overrides: dict[str, Any] | None = None, step_limit: int | None = None,
@@ -83,6 +87,7 @@ class MiniSweAgentHarness:
         client = ChatClient(model)
         agent: DefaultAgent | None = None
         error: str | None = None
+        error_status: ExitStatus = "agent_error"
         try:
             system_info = await probe_system_info(sandbox, workdir)
             environment = OrchardSandboxEnvironment(
@@ -91,14 +96,16 @@ class MiniSweAgentHarness:
             gateway_model = GatewayModel(client=client, bridge=bridge,
                                          **{**(self.config.get("model") or {}), "model_name": model.model,
                                             "mode": self.mode})
-            agent = DefaultAgent(gateway_model, environment, **self.agent_config)
+            agent = DefaultAgent(gateway_model, environment, **_within_deadline(self.agent_config, model))
             await run_in_thread(lambda: agent.run(task.instruction), bridge, name=f"mini-swe-agent:{task.id}")
-        except (ModelCallFailed, SandboxCallFailed) as exc:
-            error = str(exc)
+        except ModelCallFailed as exc:
+            error, error_status = str(exc), "model_error"
+        except SandboxCallFailed as exc:
+            error, error_status = str(exc), "sandbox_error"
         except OrchardError as exc:  # the sandbox failed before the agent started
-            error = f"sandbox failed: {exc}"
+            error, error_status = f"sandbox failed: {exc}", "sandbox_error"
         except Exception as exc:  # the agent loop itself failed (a template error, ...): not an attempt
-            error = f"mini-swe-agent failed: {type(exc).__name__}: {exc}"
+            error, error_status = f"mini-swe-agent failed: {type(exc).__name__}: {exc}", "agent_error"
         finally:
             await client.aclose()
         native = agent.serialize() if agent is not None else {"info": {}, "messages": []}
@@ -109,9 +116,20 @@ class MiniSweAgentHarness:
         if error is not None:
             trajectory.outcome = Outcome(error=error)
             trajectory.notes = error
-            if not trajectory.extra.get("exit_status"):
-                trajectory.extra["exit_status"] = "sandbox_error" if error.startswith("sandbox") else "error"
+            if trajectory.exit_status in (None, "stopped", "submitted"):
+                trajectory.exit_status = error_status
         return trajectory
+
+
+def _within_deadline(agent_config: dict[str, Any], model: ModelConfig) -> dict[str, Any]:
+    """The agent config with its wall-time limit brought forward to the evaluator's deadline (less a
+    margin), so the package's own loop stops with `TimeExceeded` instead of being cut off."""
+    time_left = model.time_left_s()
+    if time_left is None:
+        return agent_config
+    left = max(1, int(time_left - DEADLINE_MARGIN_S))
+    own = agent_config.get("wall_time_limit_seconds") or 0
+    return {**agent_config, "wall_time_limit_seconds": min(own, left) if own > 0 else left}
 
 
 def _load_config(spec: str | Path) -> dict[str, Any]:

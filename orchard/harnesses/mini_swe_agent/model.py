@@ -78,7 +78,7 @@ class GatewayModel:
             completion = self.bridge.call(self.client.complete(prepared, tools=tools, params=params))
         except BudgetExceeded as exc:  # the rollout's budget at the gateway: a limit, as the agent's own are
             raise LimitsExceeded({"role": "exit", "content": "LimitsExceeded", "extra": {
-                "exit_status": "LimitsExceeded", "submission": "", "limit": "gateway_budget",
+                "exit_status": "LimitsExceeded", "submission": "", "limit": "budget_exhausted",
                 "reason": str(exc)}}) from None
         except OrchardError as exc:
             raise ModelCallFailed(f"model call failed: {exc}") from exc

@@ -3,20 +3,21 @@ called through `ModelConfig.base_url` (the gateway) with OpenAI tools, and the t
 
 Each turn: one model call; each tool call it makes runs in order and its output goes back as a `tool`
 message. The run ends when the model calls `submit`, when a limit is reached (a clean stop: outcome None,
-`extra["exit_status"]` names the limit), or when the model or the sandbox fails (Outcome(error=...), the
-trajectory so far kept)."""
+`exit_status` names the limit), or when the model or the sandbox fails (Outcome(error=...), the trajectory
+so far kept). The evaluator's deadline (`ModelConfig.deadline`) counts as a wall-time limit: the loop stops
+before it with `time_limit` instead of being cut off."""
 
 from __future__ import annotations
 
 import time
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from pydantic import ValidationError
 
 from orchard.core.errors import BudgetExceeded, InvalidRequest, OrchardError
-from orchard.core.harness import ModelConfig
+from orchard.core.harness import ModelConfig, orchard_version
 from orchard.core.sandbox import Sandbox
+from orchard.core.run_status import ExitStatus
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Step, Trajectory
 from orchard.harnesses.openai_client import ChatClient, Completion, CompletionToolCall
@@ -34,20 +35,13 @@ from orchard.harnesses.react.trajectory_builder import TrajectoryBuilder
 NO_TOOL_CALL_MESSAGE = ("Your reply did not call a tool. Act through the tools (bash, view, create, "
                         "str_replace); when the task is done, call submit.")
 AFTER_SUBMIT_MESSAGE = "Not run: submit was called earlier in this turn, which ended the task."
-
-
-def _orchard_version() -> str:
-    try:
-        return version("orchard")
-    except PackageNotFoundError:  # running from a source tree that was not installed
-        from orchard import __version__
-
-        return __version__
+# The loop stops this long before the evaluator's deadline: time to return the trajectory and take the patch.
+DEADLINE_MARGIN_S = 5.0
 
 
 class ReActHarness:
     name = "react"
-    version = _orchard_version()
+    version = orchard_version()
 
     def __init__(self, config: ReActConfig | dict[str, Any] | None = None, **fields: Any) -> None:
         """`config` (a ReActConfig or its fields), with `fields` overriding it: `ReActHarness(step_limit=20)`."""
@@ -92,7 +86,7 @@ class _Episode:
                     completion = await client.complete(self.messages, tools=TOOL_DEFINITIONS,
                                                        params=self.config.request_params)
                 except BudgetExceeded:
-                    exit_status = "gateway_budget"  # the rollout's budget at the gateway: a limit, not a failure
+                    exit_status = "budget_exhausted"  # the rollout's budget at the gateway: a limit, not a failure
                     break
                 except OrchardError as exc:
                     exit_status, error = "model_error", f"model call failed: {exc}"
@@ -134,22 +128,29 @@ class _Episode:
         return self.builder.add_message(role, text)
 
     def _time_left(self) -> float | None:
+        """Seconds left under the harness's own wall-time limit and the evaluator's deadline, whichever
+        comes first (None: no limit)."""
         limit = self.config.wall_time_limit_s
-        return None if limit is None else limit - (time.monotonic() - self.started)
+        own = None if limit is None else limit - (time.monotonic() - self.started)
+        deadline = self.model.time_left_s()
+        if deadline is not None:
+            deadline -= DEADLINE_MARGIN_S
+        candidates = [left for left in (own, deadline) if left is not None]
+        return min(candidates) if candidates else None
 
     def _limit_reached(self) -> str:
         if self.config.step_limit is not None and self.calls >= self.config.step_limit:
             return "step_limit"
         time_left = self._time_left()
         if time_left is not None and time_left <= 0:
-            return "wall_time_limit"
+            return "time_limit"
         if self.config.token_limit is not None and self.tokens >= self.config.token_limit:
             return "token_limit"
         return ""
 
-    def _finish(self, exit_status: str, error: str | None) -> Trajectory:
+    def _finish(self, exit_status: ExitStatus, error: str | None) -> Trajectory:
         trajectory = self.builder.trajectory
-        trajectory.extra["exit_status"] = exit_status
+        trajectory.exit_status = exit_status
         if exit_status in LIMIT_NOTES:
             trajectory.notes = LIMIT_NOTES[exit_status].format(config=self.config, calls=self.calls,
                                                                tokens=self.tokens)
@@ -161,7 +162,8 @@ class _Episode:
 
 LIMIT_NOTES = {
     "step_limit": "stopped: the step limit of {config.step_limit} model calls was reached",
-    "wall_time_limit": "stopped: the wall-time limit of {config.wall_time_limit_s:g} s was reached",
+    "time_limit": "stopped: out of time (the wall-time limit of {config.wall_time_limit_s} s, or the "
+                  "evaluator's deadline for the task)",
     "token_limit": "stopped: {tokens} tokens used, the token limit is {config.token_limit}",
-    "gateway_budget": "stopped: the gateway refused further calls, this rollout's budget is used up",
+    "budget_exhausted": "stopped: the gateway refused further calls, this rollout's budget is used up",
 }
