@@ -41,9 +41,11 @@ class CompletionToolCall(BaseModel):
         return value, None
 
     def to_trajectory(self) -> ToolCall:
+        """The call as the trajectory records it: parsed `arguments` plus the text the model wrote, which
+        is what training replays (malformed text included, with the problem in `extra["argument_error"]`)."""
         arguments, problem = self.parsed_arguments()
-        extra = {"raw_arguments": self.arguments, "argument_error": problem} if problem else {}
-        return ToolCall(tool_call_id=self.id, function_name=self.name, arguments=arguments, extra=extra)
+        return ToolCall(tool_call_id=self.id, function_name=self.name, arguments=arguments,
+                        raw_arguments=self.arguments, extra={"argument_error": problem} if problem else {})
 
     def to_message(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
