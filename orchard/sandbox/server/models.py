@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.core.sandbox import SandboxInfo
 from orchard.sandbox.backends.base import BackendSandbox
@@ -16,6 +16,7 @@ class SandboxRecord(BaseModel):
     """One row of the store: the public info, the backend's private handle (None until the backend made
     the sandbox) and the id of the service instance that is responsible for it."""
 
+    model_config = ConfigDict(allow_inf_nan=False)
     info: SandboxInfo
     backend: BackendSandbox | None = None
     service_id: str
@@ -27,6 +28,7 @@ class ServiceRecord(BaseModel):
     the embedded SDK on the same home); each only manages its own sandboxes and takes over those of dead
     instances."""
 
+    model_config = ConfigDict(allow_inf_nan=False)
     id: str
     host: str
     pid: int
@@ -35,6 +37,20 @@ class ServiceRecord(BaseModel):
     ephemeral: bool = Field(default=False, description="its sandboxes die with it (the embedded SDK): when "
                                                        "it died, they are deleted rather than adopted")
     stopped: bool = Field(default=False, description="stopped, leaving sandboxes for another instance")
+
+
+class QuarantinedRow(BaseModel):
+    """A stored row that could not be read back (corrupt, or refused by this version's validation). It is
+    moved out of the live tables so that it never stops listing, reaping or a restart; its sandbox is
+    deleted (`cleaned_up` once that succeeded) since nothing could enforce its TTL any more."""
+
+    seq: int
+    kind: str = Field(description="'sandbox' or 'service'")
+    id: str
+    record: str = Field(description="the row's JSON as it was stored")
+    reason: str
+    quarantined_at: float
+    cleaned_up: bool = False
 
 
 class ReconcileReport(BaseModel):

@@ -2,18 +2,26 @@
 
 One connection guarded by a lock: every call is a short synchronous statement, so async callers use it
 directly. WAL lets other processes that share the file (another orchestrator instance on the same home)
-read while one writes; `busy_timeout` makes concurrent writers wait instead of failing."""
+read while one writes; `busy_timeout` makes concurrent writers wait instead of failing.
+
+A row that cannot be read back (corrupt, or refused by this version's validation) never stops the
+service: it is logged and moved to the `quarantine` table on the read that finds it, and the rest is
+served (see quarantine.py for how its sandbox is then deleted)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
 from orchard.core.errors import BackendError
-from orchard.sandbox.server.models import SandboxRecord, ServiceRecord
+from orchard.sandbox.server.models import QuarantinedRow, SandboxRecord, ServiceRecord
+
+log = logging.getLogger("orchard.sandbox.server")
 
 SCHEMA_VERSION = 1
 
@@ -30,6 +38,15 @@ CREATE INDEX IF NOT EXISTS sandboxes_by_service ON sandboxes (service_id, state)
 CREATE TABLE IF NOT EXISTS services (
     id TEXT PRIMARY KEY,
     record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    id TEXT NOT NULL,
+    record TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    quarantined_at REAL NOT NULL,
+    cleaned_up INTEGER NOT NULL DEFAULT 0
 );
 """
 
@@ -93,8 +110,9 @@ class SandboxStore:
             return cursor.rowcount == 1
 
     def get(self, sandbox_id: str) -> SandboxRecord | None:
-        rows = self._read("SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,))
-        return SandboxRecord.model_validate_json(rows[0][0]) if rows else None
+        """The record, or None when there is none (or it was unreadable and got quarantined)."""
+        records = self._sandboxes(self._read("SELECT id, record FROM sandboxes WHERE id = ?", (sandbox_id,)))
+        return records[0] if records else None
 
     def list(self, *, service_id: str | None = None, states: Iterable[str] | None = None,
              owner: str | None = None) -> list[SandboxRecord]:
@@ -110,11 +128,10 @@ class SandboxStore:
             states = list(states)
             where.append(f"state IN ({','.join('?' * len(states))})")
             args.extend(states)
-        sql = "SELECT record FROM sandboxes"
+        sql = "SELECT id, record FROM sandboxes"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        rows = self._read(sql + " ORDER BY rowid", tuple(args))
-        return [SandboxRecord.model_validate_json(r[0]) for r in rows]
+        return self._sandboxes(self._read(sql + " ORDER BY rowid", tuple(args)))
 
     def count(self, *, states: Iterable[str]) -> int:
         states = list(states)
@@ -142,10 +159,14 @@ class SandboxStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 rows = self._db.execute(
-                    f"SELECT record FROM sandboxes WHERE service_id IN ({marks})", ids).fetchall()
+                    f"SELECT id, record FROM sandboxes WHERE service_id IN ({marks})", ids).fetchall()
                 taken = []
-                for (raw,) in rows:
-                    record = SandboxRecord.model_validate_json(raw)
+                for row_id, raw in rows:
+                    try:
+                        record = SandboxRecord.model_validate_json(raw)
+                    except ValueError as e:
+                        self._quarantine_locked("sandbox", row_id, raw, e)
+                        continue
                     record.service_id = to_service_id
                     self._db.execute("UPDATE sandboxes SET service_id = ?, record = ? WHERE id = ?",
                                      (to_service_id, record.model_dump_json(), record.info.id))
@@ -167,10 +188,34 @@ class SandboxStore:
                     (service.id, service.model_dump_json()))
 
     def list_services(self) -> list[ServiceRecord]:
-        return [ServiceRecord.model_validate_json(r[0]) for r in self._read("SELECT record FROM services", ())]
+        services = []
+        for service_id, raw in self._read("SELECT id, record FROM services", ()):
+            try:
+                services.append(ServiceRecord.model_validate_json(raw))
+            except ValueError as e:
+                self._quarantine("service", service_id, raw, e)
+        return services
 
     def remove_service(self, service_id: str) -> None:
         self._write("DELETE FROM services WHERE id = ?", (service_id,))
+
+    # --- quarantine of unreadable rows ------------------------------------------------------------------
+
+    def quarantined(self, *, kind: str | None = None, pending_only: bool = False) -> list[QuarantinedRow]:
+        """Quarantined rows, oldest first; `pending_only`: those whose sandbox is not cleaned up yet."""
+        sql = "SELECT seq, kind, id, record, reason, quarantined_at, cleaned_up FROM quarantine WHERE 1"
+        args: list = []
+        if kind is not None:
+            sql += " AND kind = ?"
+            args.append(kind)
+        if pending_only:
+            sql += " AND cleaned_up = 0"
+        rows = self._read(sql + " ORDER BY seq", tuple(args))
+        return [QuarantinedRow(seq=r[0], kind=r[1], id=r[2], record=r[3], reason=r[4], quarantined_at=r[5],
+                               cleaned_up=bool(r[6])) for r in rows]
+
+    def mark_cleaned_up(self, seq: int) -> None:
+        self._write("UPDATE quarantine SET cleaned_up = 1 WHERE seq = ?", (seq,))
 
     def close(self) -> None:
         with self._lock:
@@ -185,6 +230,39 @@ class SandboxStore:
     def _read(self, sql: str, args: tuple) -> list[tuple]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
+
+    def _sandboxes(self, rows: list[tuple]) -> list[SandboxRecord]:
+        """(id, record JSON) rows as records; unreadable ones are quarantined and left out."""
+        records = []
+        for row_id, raw in rows:
+            try:
+                records.append(SandboxRecord.model_validate_json(raw))
+            except ValueError as e:
+                self._quarantine("sandbox", row_id, raw, e)
+        return records
+
+    def _quarantine(self, kind: str, row_id: str, raw: str, error: ValueError) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._quarantine_locked(kind, row_id, raw, error)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _quarantine_locked(self, kind: str, row_id: str, raw: str, error: ValueError) -> None:
+        """Move one unreadable row to `quarantine` (inside the caller's transaction). Only the row as it
+        was read is moved: if someone rewrote it meanwhile, the new version stays."""
+        table = "sandboxes" if kind == "sandbox" else "services"
+        removed = self._db.execute(f"DELETE FROM {table} WHERE id = ? AND record = ?", (row_id, raw)).rowcount
+        if not removed:
+            return
+        reason = " ".join(str(error).split())[:2000]
+        self._db.execute("INSERT INTO quarantine (kind, id, record, reason, quarantined_at) VALUES (?,?,?,?,?)",
+                         (kind, row_id, raw, reason, time.time()))
+        log.error("the stored %s %s is unreadable and was moved to the quarantine table of %s (the rest is "
+                  "served as usual; its sandbox is deleted): %s", kind, row_id, self.path, reason)
 
 
 def _row(record: SandboxRecord) -> tuple:

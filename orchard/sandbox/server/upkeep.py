@@ -5,7 +5,8 @@
   sandboxes of dead instances, forget old deleted/lost records.
 - `reconcile`: take over the sandboxes of dead instances and settle each against what the backend runs
   (adopt / lost / expired / interrupted create), then delete what the backend runs but the store does not
-  know (orphans)."""
+  know (orphans).
+Both also delete the sandboxes of rows the store quarantined as unreadable (quarantine.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from orchard.core.sandbox import SandboxInfo
 from orchard.sandbox.backends.base import BackendSandbox
 from orchard.sandbox.server import instances
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
+from orchard.sandbox.server.quarantine import clean_up_quarantined
 
 if TYPE_CHECKING:
     from orchard.sandbox.server.service import SandboxService
@@ -32,6 +34,7 @@ async def reap(service: "SandboxService") -> list[str]:
     service.store.save_service(service.me)
     await take_over_dead_instances(service)
     service.store.purge_finished(now - service.finished_retention_s)
+    await clean_up_quarantined(service)
     busy = service.creating.keys() | service.deleting.keys()
     records = [r for r in service.store.list(service_id=service.me.id, states=("ready", "deleting"))
                if r.info.id not in busy]
@@ -59,6 +62,7 @@ async def reconcile(service: "SandboxService") -> ReconcileReport:
             log.error("could not delete orphan sandbox %s: %s", orphan.id, result)
         else:
             report.orphans_removed.append(orphan.id)
+    await clean_up_quarantined(service)
     if any((report.adopted, report.orphans_removed, report.lost, report.expired)):
         log.info("reconciled: adopted %s, lost %s, expired %s, orphans removed %s", report.adopted,
                  report.lost, report.expired, report.orphans_removed)
