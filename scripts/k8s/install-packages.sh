@@ -26,6 +26,8 @@ ensure_packages() {
   have runc || need+=(runc)
   [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
   have iptables || need+=(iptables)
+  # nft goes into the agent-injector image: the egress guard enforces sandbox egress inside each Pod.
+  have nft || [ -x /usr/sbin/nft ] || need+=(nftables)
   have debootstrap || need+=(debootstrap)
   have gcc || need+=(gcc)
   deb_installed libc6-dev || need+=(libc6-dev)   # libc.a for the static pause binary

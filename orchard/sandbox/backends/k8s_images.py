@@ -1,6 +1,8 @@
 """The agent-injector image: a static busybox (for `cp`) plus the agent bundle at /agent. Its init
 container copies the bundle into the Pod's emptyDir, from where the sandbox container (any image, with
-or without Python) runs the agent through the bundled loader.
+or without Python) runs the agent through the bundled loader. The same image carries the egress guard's
+tool at /egress (k8s_egress.py): Debian's `nft` with the libraries `ldd` names and the dynamic loader,
+and `/egress/apply`, a busybox script that runs it through that loader (no libc in the image).
 
 The image is named after the bundle key (`localhost/orchard-agent:<key>`), so a changed agent or
 interpreter gets a new image. No registry is needed: `build_injector_rootfs` makes the root file system
@@ -24,15 +26,20 @@ import tempfile
 from pathlib import Path
 
 from orchard.core.errors import BackendError
+from orchard.sandbox.backends.k8s_egress import APPLY_SCRIPT, CHAIN, EGRESS_DIR, TABLE
 from orchard.sandbox.backends.k8s_pods import INJECTOR_BUNDLE_DIR, INJECTOR_COMMAND
-from orchard.sandbox.bundle import AgentBundle, ensure_agent_bundle
+from orchard.sandbox.bundle import AgentBundle, _elf_interpreter, _shared_libraries, ensure_agent_bundle
 
 IMAGE_REPOSITORY = "localhost/orchard-agent"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+NFT_CANDIDATES = ("/usr/sbin/nft", "/sbin/nft")
+# The image's layout beyond the bundle (the /egress tool): part of the tag, so an image built before a
+# layout change is never taken for a current one with the same bundle.
+IMAGE_LAYOUT = "egress1"
 
 
 def injector_image_name(bundle: AgentBundle) -> str:
-    return f"{IMAGE_REPOSITORY}:{bundle.manifest.key}"
+    return f"{IMAGE_REPOSITORY}:{bundle.manifest.key}-{IMAGE_LAYOUT}"
 
 
 def find_static_busybox() -> Path:
@@ -59,6 +66,15 @@ def _is_static(binary: Path) -> bool:
     return True
 
 
+def find_nft() -> Path:
+    for candidate in (shutil.which("nft"), *NFT_CANDIDATES):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise BackendError("building the agent-injector image needs `nft` for the egress guard, which enforces "
+                       "network 'none'/'allowlist' inside each Pod; install Debian's nftables "
+                       "(apt-get install nftables)")
+
+
 def build_injector_rootfs(bundle: AgentBundle, dest: Path) -> None:
     """Fill the empty directory `dest` with the injector's root file system."""
     bindir = dest / "bin"
@@ -67,6 +83,36 @@ def build_injector_rootfs(bundle: AgentBundle, dest: Path) -> None:
     for applet in ("cp", "sh", "ls"):
         os.symlink("busybox", bindir / applet)
     shutil.copytree(bundle.path, dest / INJECTOR_BUNDLE_DIR.lstrip("/"), symlinks=True)
+    add_egress_tool(dest)
+
+
+def add_egress_tool(dest: Path) -> None:
+    """`nft`, its libraries and loader under /egress, and /egress/apply RULESET: load the ruleset (one
+    transaction), then print the guard's table (the container's log)."""
+    nft = find_nft()
+    egress = dest / EGRESS_DIR.lstrip("/")
+    (egress / "bin").mkdir(parents=True)
+    libdir = egress / "lib"
+    libdir.mkdir()
+    shutil.copyfile(nft, egress / "bin" / "nft")
+    (egress / "bin" / "nft").chmod(0o755)
+    for soname, source in _shared_libraries(nft).items():
+        shutil.copyfile(source, libdir / soname)
+        (libdir / soname).chmod(0o755)
+    interpreter = _elf_interpreter(nft)
+    loader = Path(interpreter).name
+    shutil.copyfile(os.path.realpath(interpreter), libdir / loader)
+    (libdir / loader).chmod(0o755)
+    apply = dest / APPLY_SCRIPT.lstrip("/")
+    apply.write_text(
+        "#!/bin/sh\n"
+        "# The egress guard: loads the sandbox's egress rules ($1, nft syntax) into the Pod's network\n"
+        "# namespace before any other container of the Pod starts, then prints the table in force.\n"
+        "set -eu\n"
+        f"nft() {{ {EGRESS_DIR}/lib/{loader} --library-path {EGRESS_DIR}/lib {EGRESS_DIR}/bin/nft \"$@\"; }}\n"
+        'nft "$1"\n'
+        f"nft list chain inet {TABLE} {CHAIN}\n")
+    apply.chmod(0o755)
 
 
 def import_injector_image(import_script: Path, bundle: AgentBundle | None = None) -> str:

@@ -33,6 +33,9 @@ INJECTOR_BUNDLE_DIR = "/agent"
 INJECTOR_COMMAND = ["/bin/cp", "-a", f"{INJECTOR_BUNDLE_DIR}/.", f"{DEFAULT_MOUNT_POINT}/"]
 # The pod stops itself if the orchestrator is gone long past the sandbox's TTL.
 ACTIVE_DEADLINE_MARGIN_S = 300
+# With an egress guard in the Pod the workload must not change (NET_ADMIN) or bypass (NET_RAW: AF_PACKET
+# frames skip netfilter) the Pod's nftables rules; neither is granted by default, both are dropped by name.
+GUARDED_WORKLOAD_DROPS = ("NET_ADMIN", "NET_RAW")
 # Pod names are DNS labels: "orchard-" + id must stay within 63 characters.
 K8S_SANDBOX_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,53}[a-z0-9])?")
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")
@@ -91,9 +94,11 @@ def secret_manifest(sandbox_id: str, instance: str, token: str) -> dict:
 
 
 def pod_manifest(sandbox_id: str, spec: SandboxSpec, *, instance: str, owner: str, bundle: AgentBundle,
-                 agent_image: str, image_pull_policy: str, now: float | None = None) -> dict:
+                 agent_image: str, image_pull_policy: str, egress_guard: dict | None = None,
+                 now: float | None = None) -> dict:
     """The sandbox's Pod. The token reaches the agent only as a file from the Secret; the Pod spec names
-    the Secret, never its content."""
+    the Secret, never its content. `egress_guard` (k8s_egress.guard_container) runs first of all and
+    then the sandbox container lacks NET_ADMIN and NET_RAW, which could undo or bypass its rules."""
     now = time.time() if now is None else now
     mount = DEFAULT_MOUNT_POINT
     argv = bundle.launch_argv(listen=f"tcp:0.0.0.0:{AGENT_PORT}", workdir=spec.workdir, mount_point=mount)
@@ -117,6 +122,8 @@ def pod_manifest(sandbox_id: str, spec: SandboxSpec, *, instance: str, owner: st
         "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": mount, "readOnly": True},
                          {"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT, "readOnly": True}],
     }
+    if egress_guard is not None:
+        sandbox["securityContext"] = {"capabilities": {"drop": list(GUARDED_WORKLOAD_DROPS)}}
     injector = {
         "name": INJECTOR_CONTAINER,
         "image": agent_image,
@@ -143,7 +150,7 @@ def pod_manifest(sandbox_id: str, spec: SandboxSpec, *, instance: str, owner: st
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "hostname": sandbox_id[:63],
-            "initContainers": [injector],
+            "initContainers": [*([egress_guard] if egress_guard is not None else []), injector],
             "containers": [sandbox],
             "volumes": [{"name": BUNDLE_VOLUME, "emptyDir": {}},
                         {"name": TOKEN_VOLUME, "secret": {"secretName": secret_name(sandbox_id),

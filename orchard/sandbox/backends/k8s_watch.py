@@ -23,6 +23,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from orchard.core.errors import BackendError, InvalidRequest, OrchardError
+from orchard.sandbox.backends.k8s_egress import GUARD_CONTAINER
 from orchard.sandbox.backends.k8s_pods import INJECTOR_CONTAINER, SANDBOX_CONTAINER
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,13 @@ def _resolve(future: asyncio.Future, outcome) -> None:
         future.set_result(outcome)
 
 
+CONTAINER_ROLES = {GUARD_CONTAINER: "egress guard", INJECTOR_CONTAINER: "agent injector",
+                   SANDBOX_CONTAINER: "sandbox container"}
+GUARD_HINT = (". The egress guard runs the agent-injector image's /egress/apply with NET_ADMIN: rebuild that "
+              "image with this orchard (it adds the tool), and let the sandbox namespace's Pods add NET_ADMIN; "
+              "see 'Network' in docs/kubernetes.md")
+
+
 def unschedulable_message(pod) -> str | None:
     for cond in (pod.status.conditions or []) if pod.status else []:
         if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
@@ -186,22 +194,22 @@ def pod_outcome(pod, *, deleted: bool) -> object | OrchardError | None:
     status = pod.status
     if status is None:
         return None
-    statuses = [*(status.init_container_statuses or []), *(status.container_statuses or [])]
-    for cs in statuses:
-        which = "agent injector" if cs.name == INJECTOR_CONTAINER else "sandbox container"
+    for cs in [*(status.init_container_statuses or []), *(status.container_statuses or [])]:
+        which = CONTAINER_ROLES.get(cs.name, f"container {cs.name}")
         waiting = cs.state.waiting if cs.state else None
         if waiting is not None and waiting.reason in IMAGE_ERRORS:
             return InvalidRequest(f"the {which} of pod {name} cannot start: image {cs.image!r} is not "
                                   f"available ({waiting.reason}: {waiting.message or 'no details'}); check "
                                   "the image name, or import/push the image where the cluster can pull it")
+        hint = GUARD_HINT if cs.name == GUARD_CONTAINER else ""
         if waiting is not None and waiting.reason in CONTAINER_ERRORS:
             return BackendError(f"the {which} of pod {name} cannot start ({waiting.reason}: "
-                                f"{waiting.message or 'no details'})")
+                                f"{waiting.message or 'no details'}){hint}")
         term = cs.state.terminated if cs.state else None
-        failed_init = cs.name == INJECTOR_CONTAINER and term is not None and term.exit_code != 0
+        failed_init = cs.name != SANDBOX_CONTAINER and term is not None and term.exit_code != 0
         if failed_init or (cs.name == SANDBOX_CONTAINER and term is not None):
             return BackendError(f"the {which} of pod {name} exited with code {term.exit_code} "
-                                f"({term.reason}): {(term.message or '').strip()[-1500:] or 'no output'}")
+                                f"({term.reason}): {(term.message or '').strip()[-1500:] or 'no output'}{hint}")
     if status.phase in ("Failed", "Succeeded"):
         return BackendError(f"pod {name} ended ({status.phase}, {status.reason}: {status.message})")
     if status.pod_ip and agent_starting(pod):

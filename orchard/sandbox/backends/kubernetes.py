@@ -6,7 +6,10 @@ Per sandbox (all labelled `orchard.dev/sandbox=<id>`, `orchard.dev/instance=<ins
   sandbox container (the user's image) runs the agent on TCP 7777 through the bundled loader; Ready once
   the agent's /health answers. Annotations carry owner, deadline and creation time.
 - Secret `orchard-<id>-token`, mounted as the agent's token file;
-- NetworkPolicy `orchard-<id>-egress` for network "allowlist"/"open" (the namespace denies all egress).
+- NetworkPolicy `orchard-<id>-egress` for network "allowlist"/"open" (the namespace denies all egress);
+  for "none"/"allowlist" the Pod also enforces egress itself: its first init container (the egress
+  guard, k8s_egress.py) installs nftables rules in its network namespace, so no policy-capable CNI is
+  needed.
 Secret and policy carry an ownerReference to the Pod, so they go with it even without us.
 Pod IPs and container states come from one shared watch (k8s_watch.py); the agent's own /health on the
 Pod IP decides when a sandbox is handed out (k8s_health.py). See docs/kubernetes.md."""
@@ -25,7 +28,7 @@ import httpx
 
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends import k8s_netpol, k8s_pods
+from orchard.sandbox.backends import k8s_egress, k8s_netpol, k8s_pods
 from orchard.sandbox.backends.base import BackendSandbox
 from orchard.sandbox.backends.k8s_client import ApiCalls, load_api_client
 from orchard.sandbox.backends.k8s_health import wait_for_agent
@@ -45,7 +48,9 @@ class KubernetesBackend:
     `instance` (label scoping this orchestrator's sandboxes within the namespace), `agent_image` (default
     `localhost/orchard-agent:<bundle key>`), `image_pull_policy`, `default_image` (used for image
     "host"), `kubeconfig` (else in-cluster config, else ~/.kube/config), `max_parallel` (API calls of
-    creates/deletes in flight)."""
+    creates/deletes in flight), `egress_guard` (enforce network "none"/"allowlist" inside the Pod too; turn
+    it off only where a policy-capable CNI enforces the NetworkPolicies and NET_ADMIN init containers are
+    not allowed)."""
 
     name = "kubernetes"
 
@@ -54,7 +59,7 @@ class KubernetesBackend:
                  default_image: str | None = None, kubeconfig: str | None = None,
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 120.0,
                  max_parallel: int = 16, health_timeout_s: float = 5.0,
-                 agent_bundle_dir: Path | None = None) -> None:
+                 agent_bundle_dir: Path | None = None, egress_guard: bool = True) -> None:
         k8s_pods.validate_instance(instance)
         if image_pull_policy not in ("Always", "IfNotPresent", "Never"):
             raise InvalidRequest(f"image_pull_policy {image_pull_policy!r}: use Always, IfNotPresent or Never")
@@ -65,6 +70,7 @@ class KubernetesBackend:
         # A prebuilt bundle (the one inside the injector image): the orchestrator then needs no build tools.
         self.agent_bundle_dir = Path(agent_bundle_dir) if agent_bundle_dir else None
         self.ready_timeout_s, self.health_timeout_s = ready_timeout_s, health_timeout_s
+        self.egress_guard = egress_guard
         self.selector = k8s_pods.instance_selector(instance)
         self._executor = ThreadPoolExecutor(max_workers=max_parallel + 4, thread_name_prefix="orchard-k8s")
         self._burst = asyncio.Semaphore(max_parallel)
@@ -83,7 +89,8 @@ class KubernetesBackend:
                    "image_pull_policy": env.get("ORCHARD_K8S_IMAGE_PULL_POLICY") or "IfNotPresent",
                    "default_image": env.get("ORCHARD_K8S_DEFAULT_IMAGE") or None,
                    "kubeconfig": env.get("KUBECONFIG") or None,
-                   "agent_bundle_dir": env.get("ORCHARD_K8S_AGENT_BUNDLE") or None}
+                   "agent_bundle_dir": env.get("ORCHARD_K8S_AGENT_BUNDLE") or None,
+                   "egress_guard": _flag(env.get("ORCHARD_K8S_EGRESS_GUARD"), "ORCHARD_K8S_EGRESS_GUARD", True)}
         return cls(**{**options, **overrides})
 
     # --- setup -----------------------------------------------------------------------------------------
@@ -128,10 +135,12 @@ class KubernetesBackend:
         await self._call(api.check_fits_a_node, spec)
         assert self._watcher is not None and self._bundle is not None
         name = k8s_pods.pod_name(sandbox_id)
+        agent_image = self.agent_image or injector_image_name(self._bundle)
+        guard = (k8s_egress.guard_container(spec.network, agent_image, self.image_pull_policy)
+                 if self.egress_guard else None)
         pod_manifest = k8s_pods.pod_manifest(
             sandbox_id, spec, instance=self.instance, owner=owner, bundle=self._bundle,
-            agent_image=self.agent_image or injector_image_name(self._bundle),
-            image_pull_policy=self.image_pull_policy)
+            agent_image=agent_image, image_pull_policy=self.image_pull_policy, egress_guard=guard)
         policy = k8s_netpol.sandbox_policy_manifest(sandbox_id, self.instance, spec.network)
         started = self._watcher.wait_started(name)
         deadline = time.monotonic() + self.ready_timeout_s
@@ -251,6 +260,16 @@ def _pod_alive(pod, uid: str | None) -> bool:
         if cs.name == k8s_pods.SANDBOX_CONTAINER:
             return cs.state is None or cs.state.terminated is None
     return True
+
+
+def _flag(value: str | None, name: str, default: bool) -> bool:
+    if value is None or value.strip() == "":
+        return default
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise InvalidRequest(f"{name}={value!r}: use 1 (on) or 0 (off)")
 
 
 def from_env(**options) -> KubernetesBackend:
