@@ -293,15 +293,24 @@ async def test_cpu_and_processes_land_in_the_cgroups_before_anything_runs(backen
         assert r.ok
 
 
-async def test_rlimits_are_the_fallback_without_cgroups(backend, monkeypatch):
+async def test_without_cgroups_only_limits_that_hold_are_accepted(backend, monkeypatch):
     """cgroups cannot be made unwritable for root on this machine, so `create_cgroups` is replaced by one
-    that reports them unusable (what it returns for a non-root user); the rlimits are real."""
+    that reports them unusable (what it returns for a non-root user). memory_mb and cpu are refused (no
+    rlimit bounds a sandbox's memory or CPU share); max_processes is refused for root (RLIMIT_NPROC does
+    not bind it) and set as a real RLIMIT_NPROC otherwise — here the euid check is told it is not root."""
     monkeypatch.setattr("orchard.sandbox.backends.local.cgroups.create_cgroups", lambda name, spec: None)
-    async with running(backend, SandboxSpec(memory_mb=1024, max_processes=300)) as (sb, agent):
+    for spec, named in ((SandboxSpec(memory_mb=1024, max_processes=None), "memory_mb=1024"),
+                        (SandboxSpec(cpu=1, max_processes=None), "cpu=1"),
+                        (SandboxSpec(max_processes=300), "max_processes=300")):
+        with pytest.raises(InvalidRequest, match=named):
+            await backend.create(f"norlimit{secrets.token_hex(3)}", spec, "tok")
+    assert await backend.list_live() == []
+    monkeypatch.setattr("orchard.sandbox.backends.local_limits.os.geteuid", lambda: 1000)
+    async with running(backend, SandboxSpec(max_processes=300)) as (sb, agent):
         assert sb.handle["cgroups"] == []
         limits = (await agent.exec("cat /proc/self/limits")).stdout
-        assert f"Max address space         {1024 << 20}" in limits
         assert "Max processes             300" in limits
+        assert "Max address space         unlimited" in limits
 
 
 async def test_disk_limit_bounds_the_writable_layer_without_host_mounts(backend, busybox_rootfs):

@@ -5,7 +5,9 @@ Each sandbox gets one group per controller, `orchard/<name>` beneath the cgroup 
 is preferred; otherwise the controller is used from the cgroup2 hierarchy when it is enabled there. The
 sandbox is moved into its groups before it runs anything (see `procs_files`); `kill_and_remove` empties
 and removes them. When nothing is writable (not root, read-only cgroupfs, a v2 cgroup with processes of
-its own) `create_cgroups` returns None and the caller falls back to rlimits."""
+its own) `create_cgroups` returns None and the caller decides (local_limits.py) whether the spec's limits
+can be enforced otherwise. A limit the kernel refuses or does not keep as written (EINVAL for `cpu: 1e9`)
+is `InvalidRequest`, never a silent fallback."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,7 @@ class CgroupSet(BaseModel):
 
     paths: list[str]
     version: dict[str, int]  # path -> 1 or 2
+    controllers: list[str] = []  # those the groups have (and whose limits were set)
 
     @property
     def procs_files(self) -> list[str]:
@@ -117,6 +121,7 @@ def create_cgroups(name: str, spec: SandboxSpec) -> CgroupSet | None:
     (nothing is left behind then)."""
     made: list[str] = []
     versions: dict[str, int] = {}
+    have: list[str] = []
     try:
         for group, version, controllers in placements(name):
             controllers = _make_group(group, version, controllers)
@@ -124,13 +129,21 @@ def create_cgroups(name: str, spec: SandboxSpec) -> CgroupSet | None:
             versions[str(group)] = version
             for c in controllers:
                 _set_limit(group, version, c, spec)
+            have += controllers
+    except LimitNotApplied as e:
+        remove_cgroups(made)
+        raise InvalidRequest(str(e)) from None
     except OSError as e:
-        log.warning("cgroups are not usable here (%s); local sandboxes fall back to rlimits", e)
+        log.warning("cgroups are not usable here (%s); only limits that hold without them are accepted", e)
         remove_cgroups(made)
         return None
     if not made:
         return None
-    return CgroupSet(paths=made, version=versions)
+    return CgroupSet(paths=made, version=versions, controllers=have)
+
+
+class LimitNotApplied(Exception):
+    """The kernel refused a limit value, or keeps another one than was written."""
 
 
 def _make_group(group: Path, version: int, controllers: list[str]) -> list[str]:
@@ -156,22 +169,38 @@ def _set_limit(group: Path, version: int, controller: str, spec: SandboxSpec) ->
     if controller == "memory" and spec.memory_mb:
         limit = str(spec.memory_mb * 1024 * 1024)
         if version == 1:
-            _write(group / "memory.limit_in_bytes", limit)
+            _apply(group / "memory.limit_in_bytes", limit, f"memory_mb={spec.memory_mb}")
             if (group / "memory.memsw.limit_in_bytes").exists():  # no escape into swap
-                _write(group / "memory.memsw.limit_in_bytes", limit)
+                _apply(group / "memory.memsw.limit_in_bytes", limit, f"memory_mb={spec.memory_mb}")
         else:
-            _write(group / "memory.max", limit)
+            _apply(group / "memory.max", limit, f"memory_mb={spec.memory_mb}")
             if (group / "memory.swap.max").exists():
-                _write(group / "memory.swap.max", "0")
+                _apply(group / "memory.swap.max", "0", f"memory_mb={spec.memory_mb} (no swap)")
     elif controller == "pids" and spec.max_processes:
-        _write(group / "pids.max", str(spec.max_processes))
+        _apply(group / "pids.max", str(spec.max_processes), f"max_processes={spec.max_processes}")
     elif controller == "cpu" and spec.cpu:
-        quota = max(1000, int(spec.cpu * CPU_PERIOD_US))
+        quota = str(int(spec.cpu * CPU_PERIOD_US))
         if version == 1:
             _write(group / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-            _write(group / "cpu.cfs_quota_us", str(quota))
+            _apply(group / "cpu.cfs_quota_us", quota, f"cpu={spec.cpu:g}")
         else:
-            _write(group / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+            _apply(group / "cpu.max", f"{quota} {CPU_PERIOD_US}", f"cpu={spec.cpu:g}")
+
+
+def _apply(path: Path, value: str, asked: str) -> None:
+    """Write a limit and read it back: the kernel refusing it (EINVAL, ERANGE) or keeping another value
+    (clamping) means the spec cannot be enforced as asked."""
+    try:
+        _write(path, value)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ERANGE, errno.EOVERFLOW):
+            raise  # cgroups not usable at all (EACCES, EROFS, ...): the caller decides
+        raise LimitNotApplied(f"{asked} cannot be enforced on this machine: the kernel refused it "
+                              f"({os.strerror(e.errno)} setting {path.name}); ask for a smaller value") from None
+    kept = path.read_text().strip()
+    if kept != value:
+        raise LimitNotApplied(f"{asked} cannot be enforced on this machine: the kernel keeps {path.name} = "
+                              f"{kept!r} instead of {value!r}; ask for a smaller value")
 
 
 def cgroup_pids(paths: list[str]) -> set[int]:
@@ -199,6 +228,14 @@ def kill_and_remove(paths: list[str], timeout: float = 5.0) -> list[str]:
                 pass
         time.sleep(0.005)
     return remove_cgroups(paths)
+
+
+def existing_groups(name: str) -> list[str]:
+    """The groups named `name` that exist: found by name when a crash left them unrecorded."""
+    try:
+        return [str(group) for group, _, _ in placements(name) if group.is_dir()]
+    except OSError:
+        return []
 
 
 def remove_abandoned_groups(in_use: set[str]) -> list[str]:

@@ -35,6 +35,7 @@ from orchard.sandbox.backends.bwrap import (RUN_MOUNT_POINT, SOCKET_NAME, Sandbo
                                             validate_network)
 from orchard.sandbox.backends.local_launch import (check_health, launch_argv, read_info, spawn,
                                                    wait_ready_line, writable_subdirs)
+from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
 from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
                                                   write_record)
@@ -130,6 +131,7 @@ class LocalBackend:
                                  "'_', '.' or '-', starting with a letter or digit")
         validate_network(spec)
         validate_disk(spec)
+        check_cpu_floor(spec)
         rootfs = validate_image(spec)
         bwrap, bundle = await self._resources()
         env = sandbox_env(spec, rootfs, bundle.launch_env())
@@ -161,6 +163,7 @@ class LocalBackend:
                     (paths.writable_dir / sub).mkdir()
             cg = cgroups.create_cgroups(self._key(sandbox_id), spec)
             handle.cgroups = cg.paths if cg else []
+            require_enforceable(spec, cg)  # no limit silently weaker than asked
             # Recorded before anything runs and again once its processes are known, so that list_live can
             # clean up after a crash at any point (the cgroups hold every process of the sandbox).
             write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
@@ -174,6 +177,8 @@ class LocalBackend:
                 paths)
             self._children[sandbox_id] = proc
             handle.pid, handle.pid_start = proc.pid, process_start_time(proc.pid) or 0
+            # At once: a crash from here on leaves a process that only this record leads back to.
+            write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
             try:
                 # bwrap reports the namespace init as soon as it exists: it is recorded with the monitor's
                 # pid while the agent starts, the long wait of a create, instead of after it.
@@ -231,7 +236,8 @@ class LocalBackend:
             _kill(handle.pid)
         if monitor_alive:
             _wait_gone(handle.pid, handle.pid_start, proc, timeout=5.0)
-        left = cgroups.kill_and_remove(handle.cgroups)
+        # A create killed before it recorded its groups left them unrecorded: they are found by name.
+        left = cgroups.kill_and_remove(handle.cgroups or cgroups.existing_groups(self._key(sandbox_id)))
         if proc is not None and proc.returncode is None:
             proc.wait()
         for path in (handle.run_dir, handle.sandbox_dir):

@@ -43,20 +43,14 @@ def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSp
     lines = ["set -e"]
     if cgroups is not None:
         lines += [f"echo $$ > {shlex.quote(f)}" for f in cgroups.procs_files]
-    else:
-        # Weaker fallback: per process address space, and RLIMIT_NPROC counts every process of the user
-        # (it does not bind uid 0 at all). prlimit, because `ulimit` flags differ between shells.
-        limits = []
-        if spec.memory_mb:
-            limits.append(f"--as={spec.memory_mb << 20}")
-        if spec.max_processes:
-            limits.append(f"--nproc={spec.max_processes}")
+    if spec.max_processes and (cgroups is None or "pids" not in cgroups.controllers):
+        # No pids group: RLIMIT_NPROC stands in, only where it holds (local_limits.py refuses the rest,
+        # and memory_mb/cpu without their groups, before we get here). prlimit, because `ulimit` flags
+        # differ between shells.
         prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
-        if limits and prlimit is None:
-            log.warning("neither cgroups nor prlimit (util-linux) are usable: sandbox limits are not "
-                        "enforced")
-        elif limits:
-            lines.append(f"{prlimit} --pid $$ {' '.join(limits)}")
+        if prlimit is None:
+            raise BackendError("max_processes without a pids cgroup needs `prlimit` (util-linux)")
+        lines.append(f"{prlimit} --pid $$ --nproc={spec.max_processes}")
     lines.append('exec "$@"')
     command = [bwrap, "--args", str(args_fd), "--", *agent_argv]
     if spec.disk_mb:

@@ -27,6 +27,7 @@ from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server import instances, upkeep
 from orchard.sandbox.server.home import backend_options, resolve_home, state_db_path
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
+from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
 from orchard.sandbox.server.validation import describe_validation_errors
 
@@ -43,13 +44,15 @@ def new_sandbox_id() -> str:
 class SandboxService:
     def __init__(self, backend: Backend, store: SandboxStore, *, reap_interval_s: float = 2.0,
                  finished_retention_s: float = 3600.0, ephemeral: bool = False,
-                 create_drain_timeout_s: float = 120.0) -> None:
+                 create_drain_timeout_s: float = 120.0, limits: SpecLimits | None = None) -> None:
         """Takes ownership of `backend` and `store`: `stop()` closes both. A backend's sandboxes must be
         paired with one store (reconcile deletes what the store does not know). `ephemeral`: this
         instance's sandboxes die with it, so if its process dies, the next instance deletes them instead
-        of adopting them (the embedded SDK)."""
+        of adopting them (the embedded SDK). `limits`: the most a spec may ask for (default: only the
+        TTL maximum; `embedded()` and `serve()` use this machine's, see spec_limits.py)."""
         self.backend = backend
         self.store = store
+        self.limits = limits if limits is not None else SpecLimits()
         self.reap_interval_s = reap_interval_s
         self.finished_retention_s = finished_retention_s
         self.create_drain_timeout_s = create_drain_timeout_s
@@ -64,6 +67,7 @@ class SandboxService:
         """The local backend with its state under `home` (default `$ORCHARD_HOME`, else `~/.orchard`); its
         sandboxes die with this process."""
         home = resolve_home(home)
+        options.setdefault("limits", spec_limits("local", home))
         backend = create_backend("local", **backend_options("local", home))
         return cls(backend, SandboxStore(state_db_path(home)), **{"ephemeral": True, **options})
 
@@ -143,6 +147,7 @@ class SandboxService:
         """Create a sandbox and return it ready, with `agent_url` and `token`. On any failure nothing is
         left: the backend's sandbox is deleted and the record removed."""
         spec = _validated_spec(spec)
+        self.limits.check(spec)
         if self._closing:
             raise BackendError("the sandbox service is shutting down; create the sandbox after it restarts")
         sandbox_id, token, now = new_sandbox_id(), secrets.token_urlsafe(32), time.time()
@@ -288,9 +293,10 @@ class SandboxService:
             if record.backend is not None:
                 await self.backend.delete(record.backend)
             else:  # never finished creating: find it by id
-                for made in await self.backend.list_live():
-                    if made.id == sandbox_id:
-                        await self.backend.delete(made)
+                found = [made for made in await self.backend.list_live() if made.id == sandbox_id]
+                # Not running (its create was killed midway): the backend removes what is left by id.
+                for made in found or [BackendSandbox(id=sandbox_id, agent_url="")]:
+                    await self.backend.delete(made)
         except Exception as e:
             # The record stays `deleting` with its reason; the reaper retries.
             raise BackendError(f"could not delete sandbox {sandbox_id}: {e}; the orchestrator will retry") from e
