@@ -77,7 +77,7 @@ def running_server(home: Path, api_key: str | None = None) -> Iterator[RunningSe
     env["ORCHARD_HOME"] = str(home)
     command = [sys.executable, "-m", "orchard.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)]
     if api_key is not None:
-        command += ["--api-key", api_key]
+        env["ORCHARD_API_KEY"] = api_key  # never on the command line (visible in ps)
     with open(log, "wb") as log_file:
         process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:

@@ -241,11 +241,11 @@ async def test_lifecycle_through_the_sdk_and_orchard_serve(kubeconfig, agent_ima
     port, key = free_port(), secrets.token_urlsafe(16)
     env = {**os.environ, "KUBECONFIG": kubeconfig, "ORCHARD_K8S_NAMESPACE": namespace,
            "ORCHARD_K8S_INSTANCE": instance, "ORCHARD_K8S_AGENT_IMAGE": agent_image,
-           "ORCHARD_K8S_IMAGE_PULL_POLICY": "Never", "ORCHARD_HOME": str(tmp_path)}
+           "ORCHARD_K8S_IMAGE_PULL_POLICY": "Never", "ORCHARD_HOME": str(tmp_path), "ORCHARD_API_KEY": key}
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         server = subprocess.Popen([sys.executable, "-m", "orchard.cli.main", "serve", "--backend", "kubernetes",
-                                   "--port", str(port), "--api-key", key], env=env, stdout=out,
+                                   "--port", str(port)], env=env, stdout=out,
                                   stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,6 +12,7 @@ from rich.markup import escape
 
 from orchard import __version__
 from orchard.cli import eval as eval_cli
+from orchard.cli import export as export_cli
 from orchard.cli import gateway as gateway_cli
 from orchard.cli import harness as harness_cli
 from orchard.cli import report as report_cli
@@ -24,6 +26,7 @@ app = typer.Typer(name="orchard", no_args_is_help=True, pretty_exceptions_enable
 app.add_typer(sandbox_cli.app, name="sandbox")
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(harness_cli.app, name="harness")
+app.add_typer(export_cli.app, name="export")
 app.command("report")(report_cli.report)
 app.command("gateway")(gateway_cli.gateway)
 
@@ -47,21 +50,55 @@ def serve(
     backend: Annotated[str, typer.Option(
         help=f"Where sandboxes run: {', '.join(available_backends())} (local: bubblewrap on this machine).")
     ] = "local",
+    api_key_file: Annotated[Optional[Path], typer.Option(
+        envvar="ORCHARD_API_KEY_FILE", show_envvar=True, dir_okay=False,
+        help="File holding the key clients must send as 'Authorization: Bearer KEY' (or set ORCHARD_API_KEY). "
+             "Generated and printed once if neither is given.")] = None,
     api_key: Annotated[Optional[str], typer.Option(
-        envvar="ORCHARD_API_KEY", show_envvar=True,
-        help="Key clients must send as 'Authorization: Bearer KEY'. Generated and printed once if not given.")
+        "--api-key", hidden=True, help="Refused: a key on the command line is visible to every user in ps.")
     ] = None,
     home: Annotated[Optional[Path], typer.Option(
         envvar="ORCHARD_HOME", show_envvar=True, help="State directory (default ~/.orchard).")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    max_cpu: Annotated[Optional[str], typer.Option(
+        envvar="ORCHARD_MAX_CPU", show_envvar=True,
+        help="Most CPU cores a sandbox may ask for ('none': no maximum). Default (local): this machine's cores.")
+    ] = None,
+    max_memory_mb: Annotated[Optional[str], typer.Option(
+        envvar="ORCHARD_MAX_MEMORY_MB", show_envvar=True,
+        help="Most memory_mb a sandbox may ask for. Default (local): this machine's memory.")] = None,
+    max_disk_mb: Annotated[Optional[str], typer.Option(
+        envvar="ORCHARD_MAX_DISK_MB", show_envvar=True,
+        help="Most disk_mb a sandbox may ask for. Default (local): the smaller of this machine's memory (the "
+             "writable layer is a tmpfs) and the free space under --home.")] = None,
+    max_processes: Annotated[Optional[str], typer.Option(
+        envvar="ORCHARD_MAX_PROCESSES", show_envvar=True,
+        help="Most max_processes a sandbox may ask for. Default (local): the kernel's pid_max.")] = None,
+    max_timeout_s: Annotated[Optional[str], typer.Option(
+        envvar="ORCHARD_MAX_TIMEOUT_S", show_envvar=True,
+        help="Longest timeout_s (TTL) and heartbeat_timeout_s a sandbox may ask for. Default: 7 days.")] = None,
 ) -> None:
     """Run the Orchard server: the REST API that creates, lists and deletes sandboxes (docs at /docs).
 
-    Sandboxes outlive the server; a server restarted on the same --home takes them over again."""
+    Sandboxes outlive the server; a server restarted on the same --home takes them over again. A sandbox
+    asking for more than a --max-* value is refused (400), as is one asking for a limit the backend cannot
+    enforce."""
+    from orchard.sandbox.server.home import resolve_home
     from orchard.sandbox.server.main import serve as run_server  # heavy imports only when serving
+    from orchard.sandbox.server.spec_limits import spec_limits
 
-    generated = not api_key
-    key = api_key or secrets.token_urlsafe(24)
+    if api_key is not None:
+        fail("--api-key is not accepted: a key on the command line is visible to every user of this machine "
+             "(ps, /proc). Set ORCHARD_API_KEY or pass --api-key-file FILE instead.", code=2)
+    key = read_api_key_file(api_key_file) if api_key_file else os.environ.get("ORCHARD_API_KEY", "").strip()
+    try:
+        limits = spec_limits(backend, resolve_home(home), {
+            "cpu": max_cpu, "memory_mb": max_memory_mb, "disk_mb": max_disk_mb, "max_processes": max_processes,
+            "timeout_s": max_timeout_s})
+    except OrchardError as exc:
+        fail(str(exc), code=2)
+    generated = not key
+    key = key or secrets.token_urlsafe(24)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     err.print(f"Orchard server on http://{escape(host)}:{port} (backend {escape(backend)}). Clients use:")
     # Printed to stdout, one per line, so that scripts can pick them up.
@@ -69,11 +106,25 @@ def serve(
     if generated:
         out.print(f"export ORCHARD_API_KEY={escape(key)}", soft_wrap=True)
         err.print("[yellow]The API key above was generated for this run and is not shown again; "
-                  "pass --api-key or set ORCHARD_API_KEY to choose one.[/]")
+                  "set ORCHARD_API_KEY or pass --api-key-file to choose one.[/]")
     try:
-        run_server(host=host, port=port, backend_name=backend, api_key=key, home=home, log_level=log_level)
+        run_server(host=host, port=port, backend_name=backend, api_key=key, home=home, log_level=log_level,
+                   limits=limits)
     except OrchardError as exc:
         fail(str(exc))
+
+
+def read_api_key_file(path: Path) -> str:
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        fail(f"cannot read the API key file {path}: {exc.strerror or exc}", code=2)
+    if not key:
+        fail(f"the API key file {path} is empty; put the key in it", code=2)
+    if path.stat().st_mode & 0o077:
+        err.print(f"[yellow]warning: the API key file {escape(str(path))} is readable by other users; "
+                  "chmod 600 it.[/]")
+    return key
 
 
 if __name__ == "__main__":
