@@ -85,7 +85,10 @@ async def test_mini_swe_agent_solves_a_swe_mini_task_through_the_gateway(scripte
     assert format_error.extra["rejected_response"]["choices"][0]["message"]["content"].startswith("The page count")
     assert "[40, 41, 42, 43, 44]" in trajectory.steps[5].observation.results[0].content
     submit = trajectory.steps[6]
-    assert submit.tool_calls[0].arguments == {"command": SUBMIT} and submit.observation is None
+    assert submit.tool_calls[0].arguments == {"command": SUBMIT}
+    (submitted,) = submit.observation.results  # the run ended in this call: the exit is its result
+    assert submitted.source_call_id == submit.tool_calls[0].tool_call_id
+    assert submitted.extra == {"exit_status": "Submitted"}
 
     native = trajectory.extra["mini_swe_agent"]
     assert native["trajectory_format"] == "mini-swe-agent-1.1" and native["info"]["exit_status"] == "Submitted"

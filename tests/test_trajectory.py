@@ -94,29 +94,50 @@ def test_atif_export_then_import_is_lossless_through_json():
 
 
 def test_atif_export_is_plain_atif_with_orchard_fields_under_extra():
+    """The default declared version, ATIF-v1.6: what v1.6 lacks (tool-call and observation-result extras,
+    llm_call_count, embedded subagents) is Orchard data under the nearest enclosing `extra`."""
     document = to_atif(rich_trajectory())
-    assert set(document) == {"schema_version", "session_id", "agent", "steps", "notes", "final_metrics",
-                             "subagent_trajectories", "extra"}
+    assert set(document) == {"schema_version", "session_id", "agent", "steps", "notes", "final_metrics", "extra"}
     assert document["schema_version"] == "ATIF-v1.6"
     assert document["agent"]["name"] == "react" and document["agent"]["tool_definitions"] == [BASH_TOOL]
     orchard = document["extra"]["orchard"]
     assert orchard["task_id"] == "django__django-11099"
     assert orchard["outcome"]["resolved"] is True
     assert [call["id"] for call in orchard["llm_calls"]] == ["c1", "c2", "summary"]
+    assert [sub["trajectory_id"] for sub in orchard["subagent_trajectories"]] == ["sub-1"]
     assert document["extra"]["dataset"] == "unit"
     final = document["final_metrics"]
     assert final["total_prompt_tokens"] == 92 and final["total_completion_tokens"] == 18
     assert final["extra"]["orchard"] == {"wall_time_s": 12.5, "sandbox_cpu_s": 3.25, "n_llm_calls": 3}
     step3 = document["steps"][2]
-    assert step3["extra"] == {"harness_step": "act", "orchard": {"llm_call_ids": ["c1"]}}
+    assert step3["extra"] == {"harness_step": "act", "orchard": {
+        "llm_call_ids": ["c1"],
+        "nested": {"tool_calls[1]": {"extra": {"parse": "strict"}}, "observation.results[1]": {"extra": {"exit": 0}}}}}
+    assert all(set(call) == {"tool_call_id", "function_name", "arguments"} for call in step3["tool_calls"])
     assert step3["metrics"]["completion_token_ids"] == [101, 102, 103]
     assert step3["tool_calls"][1]["arguments"]["nested"] == {"k": [1, 2.5, None]}
+    assert document["steps"][3]["extra"] == {"orchard": {"llm_call_ids": ["c2", "summary"], "llm_call_count": 2}}
     # Defaults stay out of the document: no empty lists, no false flags, no nulls.
     assert "is_copied_context" not in step3 and "tool_calls" not in document["steps"][1]
     assert document["steps"][0]["is_copied_context"] is True
-    assert "null" not in json.dumps(document).replace("None", "").replace("[1, 2.5, null]", "")
+    atif_part = {**document, "extra": {**document["extra"], "orchard": {}}}
+    assert "null" not in json.dumps(atif_part).replace("None", "").replace("[1, 2.5, null]", "")
+
+
+def test_atif_v17_export_uses_v17_fields_where_they_are():
+    rich = rich_trajectory()
+    subs = [sub.model_copy(update={"schema_version": "ATIF-v1.7"}) for sub in rich.subagent_trajectories]
+    trajectory = rich.model_copy(update={"schema_version": "ATIF-v1.7", "subagent_trajectories": subs})
+    document = to_atif(trajectory)
+    assert document["schema_version"] == "ATIF-v1.7"
     embedded = document["subagent_trajectories"][0]
     assert "session_id" not in embedded and embedded["trajectory_id"] == "sub-1"
+    step3 = document["steps"][2]
+    assert step3["extra"] == {"harness_step": "act", "orchard": {"llm_call_ids": ["c1"]}}
+    assert step3["tool_calls"][1]["extra"] == {"parse": "strict"}
+    assert step3["observation"]["results"][1]["extra"] == {"exit": 0}
+    assert document["steps"][3]["llm_call_count"] == 2
+    assert from_atif(json.loads(json.dumps(document))) == trajectory
 
 
 def test_plain_atif_from_another_tool_imports():

@@ -10,7 +10,8 @@ Message by message:
   mode the `user` observation messages -> results with `source_call_id` None (ATIF's non-tool action).
 - a format error (`user` with `extra.interrupt_type == "FormatError"`) -> a user step; the rejected
   response is in that step's `extra["rejected_response"]`.
-- `exit` -> no step: the typed `exit_status` (orchard.core.run_status), `extra["submission"]` (and `notes`
+- `exit` -> no step: the result of the last agent step's tool calls that got none (the submit command's:
+  the submission), the typed `exit_status` (orchard.core.run_status), `extra["submission"]` (and `notes`
   for limits and errors)."""
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def convert_trajectory(native: dict[str, Any], *, agent: Agent, task_id: str, ro
         step_id = len(steps) + 1
         if role == "exit":
             exit_extra = extra
+            if current is not None:
+                _answer_pending_calls(current, message)
         elif role == "assistant":
             responses.append(extra.get("response") or {})
             current = _agent_step(step_id, message, extra, agent.model_name)
@@ -126,6 +129,21 @@ def _tool_call(call: dict[str, Any]) -> ToolCall:
         arguments, raw = raw or {}, None
     return ToolCall(tool_call_id=call.get("id") or "unknown", function_name=function.get("name") or "unknown",
                     arguments=arguments if isinstance(arguments, dict) else {}, raw_arguments=raw)
+
+
+def _answer_pending_calls(step: Step, exit_message: dict[str, Any]) -> None:
+    """The run ended inside this step (the submit command, or a limit): the calls that got no tool message
+    get the exit as their result, so every tool call has one (the submission, or the exit status)."""
+    answered = {result.source_call_id for result in (step.observation.results if step.observation else [])}
+    extra = exit_message.get("extra") or {}
+    content = _text(exit_message.get("content")) or str(extra.get("exit_status") or "exit")
+    for call in step.tool_calls:
+        if call.tool_call_id not in answered:
+            if step.observation is None:
+                step.observation = Observation()
+            step.observation.results.append(ObservationResult(
+                source_call_id=call.tool_call_id, content=content,
+                extra={"exit_status": extra.get("exit_status")} if extra.get("exit_status") else {}))
 
 
 def _observe(step: Step, message: dict[str, Any], *, source_call_id: str | None) -> None:
