@@ -7,8 +7,9 @@ policy of its own, selecting only its Pod by label:
   and UDP port when the entry has one;
 - "open": a single empty egress rule (everything).
 NetworkPolicy selects by address only, so host names are refused (InvalidRequest): resolving them once at
-creation would silently go stale when the name moves. Enforcement needs a policy-capable CNI (Calico,
-Cilium, ...); without one the objects are stored and have no effect."""
+creation would silently go stale when the name moves. Only a policy-capable CNI (Calico, Cilium, ...)
+enforces these objects; "none" and "allowlist" are also enforced inside each Pod by the egress guard
+(k8s_egress.py), which needs no such CNI."""
 
 from __future__ import annotations
 
