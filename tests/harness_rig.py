@@ -27,7 +27,8 @@ from orchard.core.trajectory import LLMCall, Outcome, Trajectory
 from orchard.eval.grading import grade_swe_patch
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.suites import load_suite
-from orchard.eval.task_sandbox import create_task_sandbox, extract_patch
+from orchard.eval.patch import extract_patch, snapshot_base
+from orchard.eval.task_sandbox import create_task_sandbox
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.gateway.scripted import create_scripted_app
 from orchard.gateway.scripted_script import Script
@@ -102,10 +103,15 @@ def swe_mini_task(instance_id: str) -> Task:
     return load_suite(SWE_MINI_DIR).get(instance_id)
 
 
+_BASE_TREES: dict[str, str] = {}  # sandbox id -> the snapshot the evaluator takes after setup
+
+
 @contextlib.asynccontextmanager
 async def task_sandbox(orch: AsyncOrchard, task: Task):
+    """A task's sandbox as the evaluator makes it: set up, and its base snapshot taken."""
     sandbox = await create_task_sandbox(orch, task)
     try:
+        _BASE_TREES[sandbox.id] = await snapshot_base(sandbox, task.environment.workdir)
         yield sandbox
     finally:
         await sandbox.close()
@@ -113,7 +119,7 @@ async def task_sandbox(orch: AsyncOrchard, task: Task):
 
 async def grade(orch: AsyncOrchard, task: Task, sandbox: AgentSandbox) -> tuple[str, Outcome]:
     """The agent's patch (as the evaluator takes it) and its grade in a fresh sandbox."""
-    patch = await extract_patch(sandbox, task.environment.workdir)
+    patch = await extract_patch(sandbox, task.environment.workdir, _BASE_TREES[sandbox.id])
     return patch, await grade_swe_patch(orch, task, patch)
 
 

@@ -29,6 +29,8 @@ from orchard.eval.grading import grade_swe_patch
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.report import load_runs, write_report
 from orchard.eval.results import RESULTS_FILE, TRAJECTORIES_FILE, read_results
+from orchard.core.harness import SamplingParams
+from orchard.eval.run_config import CONFIG_FILE, TrialTimeouts
 from orchard.eval.runner import run_eval
 from orchard.eval.suites import EVAL_DIR_ENV, available_suites, load_suite
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
@@ -178,7 +180,9 @@ async def test_resume_skips_finished_tasks_and_retries_errors(home, tmp_path, sc
     requests_before = len(scripted.requests())
     third = await evaluate(home, out, model=SCRIPTED, config=scripted_config(scripted), tasks=[PAGEKIT, LOGSTAMP])
     assert len(scripted.requests()) == requests_before, "finished tasks were run again"
-    assert len(trajectories(out)) == 3 and third.summary == second.summary
+    assert len(trajectories(out)) == 3
+    assert third.summary.model_dump(exclude={"wall_time_s"}) == second.summary.model_dump(exclude={"wall_time_s"})
+    assert third.summary.wall_time_s >= second.summary.wall_time_s, "the run's elapsed time adds up over sessions"
 
 
 async def test_unknown_harness_suite_or_task_is_refused_before_anything_is_written(home, tmp_path, scripted):
@@ -197,9 +201,31 @@ async def test_an_output_directory_of_another_run_is_refused(home, tmp_path, scr
     scripted.load([tool_calls(("submit", {}))], loop=True)
     await evaluate(home, out, model=SCRIPTED, config=scripted_config(scripted), tasks=[PAGEKIT])
     before = (out / RESULTS_FILE).read_bytes()
-    with pytest.raises(InvalidRequest, match="holds a run of harness 'react' with model 'scripted'"):
+    with pytest.raises(InvalidRequest, match='another configuration.*model: "scripted" -> "oracle"'):
         await evaluate(home, out, model="oracle", config=eval_gateway_config("oracle"), tasks=[PAGEKIT])
     assert (out / RESULTS_FILE).read_bytes() == before
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"harness_options": {"step_limit": 3}}, "harness_options"),
+    ({"sampling": SamplingParams(temperature=0.7)}, "sampling"),
+    ({"timeouts": TrialTimeouts(agent_s=60)}, "timeouts"),
+    ({"suite": "edited"}, "suite_hash"),
+])
+async def test_resuming_with_any_other_configuration_is_refused_naming_it(home, tmp_path, scripted, change, named):
+    """The resume key is the whole configuration: harness options, sampling, timeouts and the suite's
+    content, not just harness, model and suite name. It is written beside the results."""
+    out = tmp_path / "run"
+    scripted.load([tool_calls(("submit", {}))], loop=True)
+    await evaluate(home, out, model=SCRIPTED, config=scripted_config(scripted), tasks=[PAGEKIT])
+    written = json.loads((out / CONFIG_FILE).read_text())
+    assert written["harness"] == "react" and written["harness_version"] and written["sampling"] is not None
+    if change.pop("suite", None):  # the same suite name, one task's instruction edited
+        suite = load_suite("swe-mini")
+        edited = suite.get(PAGEKIT).model_copy(update={"instruction": "something else"})
+        change["suite"] = suite.model_copy(update={"tasks": [edited if t.id == PAGEKIT else t for t in suite.tasks]})
+    with pytest.raises(InvalidRequest, match=f"another configuration.*{named}"):
+        await evaluate(home, out, model=SCRIPTED, config=scripted_config(scripted), tasks=[PAGEKIT], **change)
 
 
 # --- the CLI ----------------------------------------------------------------------------------------

@@ -116,3 +116,10 @@ def first_problem(errors: list[dict], default: str = "input", *, skip: int = 0) 
     where = ".".join(str(part) for part in first["loc"][skip:]) or default
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where}: {first['msg']}{more}"
+
+
+class GraderError(OrchardError):
+    """Grading could not run properly (the test runner did not start, the grading sandbox failed): the
+    verdict is unknown. Never a failed attempt of the agent."""
+
+    code = "grader_error"

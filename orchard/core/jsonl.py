@@ -79,11 +79,19 @@ def _replace(path: Path, items: Iterable[BaseModel]) -> None:
     atomic_write(path, b"".join(_line(item) for item in items))
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: readers see the old file or the new one, never half of one."""
+def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Replace `path` with `data`: readers see the old file or the new one, never half of one. The file
+    gets `mode`, else the mode of the file it replaces, else the mode a plain `open()` would give it
+    (0666 less the umask) — not the 0600 of the temporary file it is written as."""
     path = Path(path)
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
@@ -94,6 +102,18 @@ def atomic_write(path: Path, data: bytes) -> None:
     finally:
         if temporary is not None:
             os.unlink(temporary)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, which races with other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def _append(path: Path, items: Iterable[BaseModel]) -> None:

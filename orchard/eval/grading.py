@@ -3,18 +3,23 @@
 - SWE tests (`SWETestsGrader`): in a FRESH sandbox made from the task's environment (the base repository),
   apply the agent's patch, then the task's test patch, run FAIL_TO_PASS + PASS_TO_PASS and read each test's
   outcome. The agent's sandbox is never trusted with grading: tests it edited or files it left do not count.
-  A patch that does not apply is a failed attempt, not an error.
+  A patch that does not apply is a failed attempt, not an error. When the tests did not run at all (the
+  runner could not start, timed out, printed no result), the same tests are run once more in another fresh
+  sandbox WITHOUT the agent's patch (the control run): if they run there, the agent's patch broke them — a
+  failed attempt; if they fail there too, the grading environment is broken and a GraderError is raised —
+  never counted against the agent (a gold patch was once graded "failed" that way).
 - Script (`ScriptGrader`): run the script in the agent's own sandbox after it finished; resolved when it
-  exits 0, reward from `reward_file` when given.
+  exits 0, reward from `reward_file` when given. A script that cannot be started (exit 126/127) is a
+  GraderError.
 
-A sandbox that fails while grading raises (an OrchardError): the runner records that as an error."""
+A sandbox that fails while grading raises (an OrchardError): the runner records that as a grader error."""
 
 from __future__ import annotations
 
 import shlex
 from typing import Optional, Sequence
 
-from orchard.core.errors import InvalidRequest
+from orchard.core.errors import GraderError, InvalidRequest
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Outcome
 from orchard.eval import swe_tests
@@ -43,6 +48,29 @@ async def grade_swe_patch(orch: AsyncOrchard, task: Task, patch: str, *, labels:
     if not isinstance(grader, SWETestsGrader):
         raise InvalidRequest(f"task {task.id} has no SWE tests grader (its grader is "
                              f"{type(grader).__name__ if grader else 'none'})")
+    run = await _run_in_fresh_sandbox(orch, task, patch, label, labels)
+    details = {"grader": "swe_tests", "tests": run.outcomes, "tests_exit_code": run.exit_code,
+               "fail_to_pass": grader.fail_to_pass, "pass_to_pass": grader.pass_to_pass,
+               "log_tail": run.log_tail}
+    if run.infrastructure_error:
+        if not patch.strip():
+            raise GraderError(f"task {task.id}: {run.infrastructure_error}")
+        control = await _run_in_fresh_sandbox(orch, task, "", "control run (no patch)", labels)
+        if control.infrastructure_error:
+            raise GraderError(f"task {task.id}: the tests do not run in the grading environment, even without the "
+                              f"{label}: {control.infrastructure_error}")
+        details["tests_did_not_run"] = (f"{run.infrastructure_error} — they do run without the {label}, so the "
+                                        "patch broke them")
+    if run.error:
+        details["patch_error"] = run.error
+    resolved = swe_tests.is_resolved(grader.fail_to_pass, grader.pass_to_pass, run)
+    return Outcome(resolved=resolved, reward=1.0 if resolved else 0.0, details=details)
+
+
+async def _run_in_fresh_sandbox(orch: AsyncOrchard, task: Task, patch: str, label: str,
+                                labels: dict[str, str] | None) -> swe_tests.RunOutcome:
+    grader = task.grader
+    assert isinstance(grader, SWETestsGrader)
     sandbox = await create_task_sandbox(orch, task, labels=labels)
     try:
         run = await swe_tests.evaluate_patch(
@@ -52,13 +80,7 @@ async def grade_swe_patch(orch: AsyncOrchard, task: Task, patch: str, *, labels:
             test_command=shlex.split(grader.test_command) if grader.test_command else None)
     finally:
         await sandbox.close()
-    resolved = swe_tests.is_resolved(grader.fail_to_pass, grader.pass_to_pass, run)
-    details = {"grader": "swe_tests", "tests": run.outcomes, "tests_exit_code": run.exit_code,
-               "fail_to_pass": grader.fail_to_pass, "pass_to_pass": grader.pass_to_pass,
-               "log_tail": run.log_tail}
-    if run.error:
-        details["patch_error"] = run.error
-    return Outcome(resolved=resolved, reward=1.0 if resolved else 0.0, details=details)
+    return run
 
 
 async def grade_script(sandbox: AgentSandbox, task: Task) -> Outcome:
@@ -67,6 +89,9 @@ async def grade_script(sandbox: AgentSandbox, task: Task) -> Outcome:
     if not isinstance(grader, ScriptGrader):
         raise InvalidRequest(f"task {task.id} has no script grader")
     result = await sandbox.exec(grader.script, cwd=task.environment.workdir, timeout=grader.timeout_s)
+    if result.exit_code in (126, 127):
+        raise GraderError(f"task {task.id}: the grader script could not be started (exit {result.exit_code}): "
+                          f"{result.output.strip()[-300:]}")
     resolved = result.exit_code == 0 and not result.timed_out
     details = {"grader": "script", "exit_code": result.exit_code, "timed_out": result.timed_out,
                "output_tail": result.output[-swe_tests.LOG_TAIL_CHARS:]}

@@ -1,15 +1,19 @@
 """What an evaluation writes in its output directory, and how it is read back:
 
+    OUT/config.json          the run's configuration, its resume key (orchard.eval.run_config)
     OUT/trajectories.jsonl   one graded Trajectory per finished rollout, appended as each finishes
+    OUT/calls.jsonl          every model call as the gateway made it (the per-turn checkpoint)
     OUT/results.json         the run's settings, one row per task (its latest rollout), the summary
 
 The trajectories are the record; results.json is derived from them and rewritten atomically after every
 task, so both always agree on complete lines. A rollout whose outcome has an `error` did not happen properly
-(model or sandbox failure): it is shown separately and left out of the resolve rate."""
+(its exit_status is an error: model, sandbox, grader, timeout...): it is shown separately and left out of the
+resolve rate."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +22,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.jsonl import atomic_write, read_jsonl
+from orchard.core.run_status import is_agent_outcome
 from orchard.core.trajectory import Trajectory
+from orchard.eval.run_config import EvalConfig
 
 RESULTS_FILE = "results.json"
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -26,17 +32,16 @@ TRAJECTORIES_FILE = "trajectories.jsonl"
 TaskStatus = Literal["resolved", "failed", "error"]
 
 
-class EvalSettings(BaseModel):
-    """What was run: a resumed run must have the same harness, model and suite."""
+class EvalSettings(EvalConfig):
+    """What was run: the configuration (a resumed run must have the same), plus the tasks selected and how
+    many ran at once (which a resumed run may change)."""
 
-    harness: str
-    harness_version: str | None = None
-    model: str
-    suite: str = Field(description="the suite's name")
     suite_path: str | None = None
     task_ids: list[str] = Field(description="the tasks selected for this run, in order")
     parallel: int = 1
-    harness_options: dict[str, Any] = Field(default_factory=dict)
+
+    def config(self) -> EvalConfig:
+        return EvalConfig.model_validate(self.model_dump(include=set(EvalConfig.model_fields)))
 
 
 class TaskResult(BaseModel):
@@ -44,6 +49,8 @@ class TaskResult(BaseModel):
     attempt: int = Field(ge=1, description="1 for the first rollout; errors are retried on resume")
     rollout_key: str | None
     status: TaskStatus
+    exit_status: str | None = Field(default=None, description="how the rollout ended (orchard.core.run_status)")
+    partial: bool = Field(default=False, description="the agent was cut off; its steps are those recorded")
     reward: float | None = None
     error: str | None = None
     steps: int = 0
@@ -57,13 +64,15 @@ class TaskResult(BaseModel):
     @classmethod
     def from_trajectory(cls, trajectory: Trajectory, attempt: int) -> TaskResult:
         outcome = trajectory.outcome
-        if outcome is None or outcome.error is not None:
+        if outcome is None or outcome.error is not None or (
+                trajectory.exit_status is not None and not is_agent_outcome(trajectory.exit_status)):
             status: TaskStatus = "error"
         else:
             status = "resolved" if outcome.resolved else "failed"
         metrics = trajectory.final_metrics
         return cls(task_id=trajectory.task_id or "", attempt=attempt, rollout_key=trajectory.rollout_key,
-                   status=status, reward=outcome.reward if outcome else None,
+                   status=status, exit_status=trajectory.exit_status, partial=trajectory.partial,
+                   reward=outcome.reward if outcome else None,
                    error=(outcome.error if outcome else "the rollout was never graded"),
                    steps=len(trajectory.steps), n_llm_calls=len(trajectory.llm_calls),
                    prompt_tokens=metrics.total_prompt_tokens if metrics else None,
@@ -81,19 +90,22 @@ class EvalSummary(BaseModel):
     errors: int = Field(description="tasks whose latest rollout is an error")
     pending: int = Field(description="tasks never run (an interrupted run)")
     resolve_rate: float | None = Field(description="resolved / finished; errors are not attempts")
-    wall_time_s: float = 0.0
+    by_exit_status: dict[str, int] = Field(default_factory=dict, description="tasks per exit_status")
+    wall_time_s: float = Field(default=0.0, description="the run's elapsed time, summed over its sessions")
+    task_time_s: float = Field(default=0.0, description="the tasks' own wall times, summed")
     total_tokens: int = 0
     cost_usd: float | None = None
 
     @classmethod
-    def of(cls, tasks: list[TaskResult], total: int) -> EvalSummary:
+    def of(cls, tasks: list[TaskResult], total: int, elapsed_s: float = 0.0) -> EvalSummary:
         count = {status: sum(1 for r in tasks if r.status == status) for status in ("resolved", "failed", "error")}
         finished = count["resolved"] + count["failed"]
         costs = [r.cost_usd for r in tasks if r.cost_usd is not None]
         return cls(total=total, finished=finished, resolved=count["resolved"], failed=count["failed"],
                    errors=count["error"], pending=max(0, total - len(tasks)),
                    resolve_rate=count["resolved"] / finished if finished else None,
-                   wall_time_s=sum(r.wall_time_s or 0.0 for r in tasks),
+                   by_exit_status=dict(sorted(Counter(r.exit_status or "unknown" for r in tasks).items())),
+                   wall_time_s=elapsed_s, task_time_s=sum(r.wall_time_s or 0.0 for r in tasks),
                    total_tokens=sum((r.prompt_tokens or 0) + (r.completion_tokens or 0) for r in tasks),
                    cost_usd=sum(costs) if costs else None)
 
@@ -104,6 +116,7 @@ class EvalResults(BaseModel):
     started_at: str
     updated_at: str
     interrupted: bool = False
+    elapsed_s: float = Field(default=0.0, description="time spent running, over every session of the run")
     summary: EvalSummary
     tasks: list[TaskResult] = Field(default_factory=list, description="one per task run, in suite order")
 
@@ -128,11 +141,12 @@ def latest_by_task(trajectories: list[Trajectory]) -> dict[str, tuple[Trajectory
 
 
 def build_results(run_id: str, settings: EvalSettings, started_at: str, trajectories: list[Trajectory], *,
-                  interrupted: bool = False) -> EvalResults:
+                  interrupted: bool = False, elapsed_s: float = 0.0) -> EvalResults:
     latest = latest_by_task(trajectories)
     rows = [TaskResult.from_trajectory(*latest[task_id]) for task_id in settings.task_ids if task_id in latest]
     return EvalResults(run_id=run_id, settings=settings, started_at=started_at, updated_at=utc_now(),
-                       interrupted=interrupted, summary=EvalSummary.of(rows, len(settings.task_ids)), tasks=rows)
+                       interrupted=interrupted, elapsed_s=elapsed_s,
+                       summary=EvalSummary.of(rows, len(settings.task_ids), elapsed_s), tasks=rows)
 
 
 def read_results(out_dir: Path) -> EvalResults | None:

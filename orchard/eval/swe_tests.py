@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 import subprocess
 from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
@@ -28,6 +29,10 @@ LOG_TAIL_CHARS = 4000
 
 class PatchApplyError(RuntimeError):
     """`git apply` rejected a patch: it does not fit the repository it was applied to."""
+
+
+class WorkdirError(RuntimeError):
+    """The workdir could not be made a git repository: the grading environment is broken."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +56,9 @@ class RunOutcome:
     exit_code: Optional[int]
     log_tail: str
     error: str = ""  # set when the run could not happen at all (a patch did not apply)
+    # Set when the tests did not run (the runner could not start, timed out, printed no result): the
+    # verdict is unknown, whoever is to blame (see `orchard.eval.grading`).
+    infrastructure_error: str = ""
 
 
 def run_local(argv: Sequence[str], cwd: str, stdin: Optional[str], timeout: float) -> CommandOutput:
@@ -81,7 +89,8 @@ async def init_workdir(run: CommandRunner, workdir: str) -> None:
     repository that already is one, `git init` changes nothing)."""
     result = await _call(run, ["git", "init", "-q", "."], workdir, None, GIT_TIMEOUT_S)
     if result.exit_code != 0:
-        raise PatchApplyError("git init failed in %s: %s" % (workdir, (result.stderr or result.stdout).strip()))
+        raise WorkdirError("git init failed in %s: %s" % (
+            workdir, (result.stderr or result.stdout).strip() or "timed out"))
 
 
 async def apply_patch(run: CommandRunner, workdir: str, patch: str, label: str) -> None:
@@ -119,8 +128,28 @@ async def run_tests(run: CommandRunner, workdir: str, test_ids: Sequence[str], p
     argv = [*command, *test_ids] if command else pytest_command(python, test_ids)
     result = await _call(run, argv, workdir, None, timeout)
     output = result.stdout + result.stderr
-    return RunOutcome(label="", outcomes=parse_test_outcomes(output, test_ids), exit_code=result.exit_code,
-                      log_tail=output[-LOG_TAIL_CHARS:])
+    outcomes = parse_test_outcomes(output, test_ids)
+    return RunOutcome(label="", outcomes=outcomes, exit_code=result.exit_code, log_tail=output[-LOG_TAIL_CHARS:],
+                      infrastructure_error=tests_did_not_run(result, outcomes, timeout))
+
+
+# pytest's closing line, e.g. "2 passed, 1 failed in 0.12s" or "no tests ran in 0.01s" (also "= ... =").
+_PYTEST_CLOSING = re.compile(r"(\bno tests ran\b|\b\d+ (passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b)"
+                             r".* in [\d.]+s")
+
+
+def tests_did_not_run(result: CommandOutput, outcomes: Dict[str, str], timeout: float) -> str:
+    """Why the test command cannot be read as a verdict, or "" when it can: it timed out, its program
+    could not be started (exit 126/127), or no listed test reported and the runner printed no result."""
+    if result.exit_code is None:
+        return "the test run timed out after %g s" % timeout
+    if result.exit_code in (126, 127):
+        return "the test command could not be started (exit %d): %s" % (
+            result.exit_code, (result.stderr or result.stdout).strip()[-300:])
+    output = result.stdout + result.stderr
+    if all(outcome == MISSING for outcome in outcomes.values()) and not _PYTEST_CLOSING.search(output):
+        return "the test run reported no result (exit %d): %s" % (result.exit_code, output.strip()[-300:])
+    return ""
 
 
 async def evaluate_patch(run: CommandRunner, workdir: str, patch: str, *, test_patch: str,
@@ -132,6 +161,9 @@ async def evaluate_patch(run: CommandRunner, workdir: str, patch: str, *, test_p
     test_ids = list(fail_to_pass) + list(pass_to_pass)
     try:
         await init_workdir(run, workdir)
+    except WorkdirError as exc:
+        return RunOutcome(label, {test_id: MISSING for test_id in test_ids}, None, "", infrastructure_error=str(exc))
+    try:
         await apply_patch(run, workdir, patch, label)
         await apply_patch(run, workdir, test_patch, "test_patch")
     except PatchApplyError as exc:
@@ -143,4 +175,4 @@ async def evaluate_patch(run: CommandRunner, workdir: str, patch: str, *, test_p
 
 def is_resolved(fail_to_pass: Sequence[str], pass_to_pass: Sequence[str], run: RunOutcome) -> bool:
     """SWE-bench's verdict: every FAIL_TO_PASS and every PASS_TO_PASS test passed."""
-    return not run.error and all(run.outcomes.get(t) == PASSED for t in [*fail_to_pass, *pass_to_pass])
+    return not run.error and not run.infrastructure_error and all(run.outcomes.get(t) == PASSED for t in [*fail_to_pass, *pass_to_pass])

@@ -1,6 +1,6 @@
 """A task's sandbox, as the evaluator makes it for the agent and again for the grader: created from the
-task's environment, its files placed, its setup commands run. Also what the evaluator reads back from a
-sandbox: the agent's patch and the CPU time spent inside."""
+task's environment, its files placed, its setup commands run. Also the CPU time spent inside (the agent's
+patch is `orchard.eval.patch`)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,6 @@ from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.client import AsyncOrchard
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PATCH_TIMEOUT_S = 120.0
-# Kept out of the agent's patch: caches its commands leave behind are not part of its work. Written to
-# .git/info/exclude, which is not part of the tree.
-PATCH_EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/")
 
 
 def sandbox_env(task: Task) -> dict[str, str]:
@@ -69,28 +65,17 @@ async def run_setup(sandbox: AgentSandbox, task: Task) -> None:
                                  f"{result.exit_code}: {result.output.strip()[-800:]}")
 
 
-async def extract_patch(sandbox: AgentSandbox, workdir: str) -> str:
-    """The agent's work as a diff against the base commit, new and binary files included. An empty string
-    when nothing changed; InvalidRequest when the workdir is no longer a git repository (the agent broke it)."""
-    excludes = "".join(f"{pattern}\n" for pattern in PATCH_EXCLUDES)
-    command = (f"printf %s {shlex.quote(excludes)} >> \"$(git rev-parse --git-dir)/info/exclude\" && "
-               "git add -A && git diff --cached --binary")
-    result = await sandbox.exec(command, cwd=workdir, timeout=PATCH_TIMEOUT_S, max_output_bytes=50_000_000)
-    if result.exit_code != 0 or result.stdout_truncated:
-        raise InvalidRequest(f"could not take the agent's diff in {workdir}: "
-                             f"{'the diff is over 50 MB' if result.stdout_truncated else result.output.strip()[-500:]}")
-    return result.stdout
-
-
 async def sandbox_cpu_seconds(sandbox: AgentSandbox) -> float | None:
     """CPU seconds (user + system) used so far by every process in the sandbox's pid namespace: for each
     live process its own time plus that of the children it has reaped (`/proc/PID/stat` fields 14-17),
-    which counts every process that ever ran there exactly once. It includes the in-sandbox agent. None when
-    /proc cannot be read (a backend without a pid namespace would report the whole host)."""
+    which counts every process that ever ran there exactly once. It includes the in-sandbox agent. The
+    kernel reports these in clock ticks (10 ms), so a difference of two readings is exact to a tick: a few
+    milliseconds of work may read as 0.0. None when /proc cannot be read (a backend without a pid
+    namespace would report the whole host)."""
     result = await sandbox.exec(["/bin/sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null"], timeout=30)
     ticks = 0
     for line in result.stdout.splitlines():
         fields = line[line.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
         if len(fields) >= 15:
             ticks += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK") if ticks else None
+    return ticks / os.sysconf("SC_CLK_TCK") if result.stdout.strip() else None

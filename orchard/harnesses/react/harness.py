@@ -70,6 +70,8 @@ class _Episode:
         self.calls = 0
         self.tokens = 0
         self.started = time.monotonic()
+        # Stop this long before the evaluator's deadline: a tenth of the time, at most DEADLINE_MARGIN_S.
+        self.deadline_margin_s = min(DEADLINE_MARGIN_S, 0.1 * (model.time_left_s() or 0.0))
 
     async def run(self) -> Trajectory:
         client = ChatClient(self.model)  # before anything runs: a config without base_url is a usage error
@@ -134,7 +136,7 @@ class _Episode:
         own = None if limit is None else limit - (time.monotonic() - self.started)
         deadline = self.model.time_left_s()
         if deadline is not None:
-            deadline -= DEADLINE_MARGIN_S
+            deadline -= self.deadline_margin_s
         candidates = [left for left in (own, deadline) if left is not None]
         return min(candidates) if candidates else None
 

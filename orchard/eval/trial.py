@@ -1,0 +1,367 @@
+"""A Trial: one attempt of one harness × model on one task, in phases, each timed and with its own limit
+and outcome class:
+
+    environment    a sandbox from the task's environment, files placed, setup run, the base snapshot taken
+    harness_setup  the harness's optional `setup(task, sandbox)`
+    agent          `harness.run(...)`, told its deadline; cut off there (the steps so far are kept)
+    patch          the agent's diff against the base snapshot (SWE tasks), or the script grader run in the
+                   agent's sandbox (script tasks); then the sandbox is deleted
+    verify         the patch graded in a fresh sandbox (SWE tasks)
+
+Only the agent's own outcomes count as attempts (see `orchard.core.run_status`): a phase that fails for any
+other reason ends the trial as an error with a typed `exit_status` (`environment_error`, `harness_error`,
+`timeout`, `agent_error`, `model_error`, `sandbox_error`, `grader_error`), the steps so far kept. A trial
+never raises, except when it is cancelled (the run was stopped)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, TypeVar
+
+from pydantic import SecretStr
+
+from orchard.core.errors import (
+    BackendError,
+    GraderError,
+    InvalidRequest,
+    ModelError,
+    OrchardError,
+    SandboxLost,
+    SandboxNotFound,
+)
+from orchard.core.harness import Harness, ModelConfig, SamplingParams, setup_harness
+from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord, is_agent_outcome
+from orchard.core.task import ScriptGrader, SWETestsGrader, Task
+from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
+from orchard.eval.grading import grade_script, grade_swe_patch
+from orchard.eval.local_gateway import LocalGateway
+from orchard.eval.models import ORACLE_MODEL
+from orchard.eval.partial import trajectory_from_calls
+from orchard.eval.patch import extract_patch, snapshot_base
+from orchard.eval.run_config import TrialTimeouts
+from orchard.eval.step_links import link_steps_to_calls
+from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
+from orchard.sandbox.agent_client import AgentSandbox
+from orchard.sandbox.client import AsyncOrchard
+
+log = logging.getLogger(__name__)
+
+LOAD_ERROR_KEY = "orchard.load_error"  # Task.metadata: why the task could not be loaded (its trial errs)
+_T = TypeVar("_T")
+
+
+@dataclass
+class TrialRig:
+    """What every trial of a run shares."""
+
+    harness: Harness
+    model: str
+    sampling: SamplingParams
+    timeouts: TrialTimeouts
+    orch: AsyncOrchard
+    gateway: LocalGateway
+    agent_slots: asyncio.Semaphore  # trials whose agent runs at once
+    grading_slots: asyncio.Semaphore  # gradings beside them: a finished agent's slot goes to the next trial
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class PhaseFailed(Exception):
+    """A phase ended the trial: as an error with `status`, or (status None) as the agent's failed attempt."""
+
+    def __init__(self, status: ExitStatus | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Trial:
+    def __init__(self, rig: TrialRig, task: Task, rollout_key: str, labels: dict[str, str]) -> None:
+        self.rig, self.task, self.key, self.labels = rig, task, rollout_key, labels
+        self.phases: list[PhaseRecord] = []
+        self.started = time.monotonic()
+        self.deadline = self.started + rig.timeouts.trial_s
+        self.agent_wall_s = 0.0
+        self.cpu_s: float | None = None
+
+    # --- the phases ----------------------------------------------------------------------------------
+
+    async def run(self) -> Trajectory:
+        """The graded trajectory, gateway records attached. Never raises but CancelledError."""
+        async with self.rig.agent_slots:
+            trajectory, patch = await self._up_to_patch()
+        if patch is not None:
+            trajectory.outcome = await self._verify(patch)
+            if trajectory.outcome.error is not None:
+                trajectory.exit_status = "grader_error"
+        return self._finish(trajectory)
+
+    async def _up_to_patch(self) -> tuple[Trajectory, str | None]:
+        """Every phase in the agent's sandbox; the trial's clock starts here (a slot was free)."""
+        self.started = time.monotonic()
+        self.deadline = self.started + self.rig.timeouts.trial_s
+        trajectory: Trajectory | None = None
+        patch: str | None = None
+        sandbox: AgentSandbox | None = None
+        try:
+            sandbox, base = await self._phase("environment", self.rig.timeouts.environment_s, self._environment,
+                                              on_error=_environment_status)
+            self._cpu_before = await _cpu_seconds(sandbox)
+            await self._phase("harness_setup", self.rig.timeouts.harness_setup_s,
+                              lambda: setup_harness(self.rig.harness, self._visible_task(), sandbox),
+                              on_error=_harness_setup_status, skip_if=lambda: not hasattr(self.rig.harness, "setup"))
+            trajectory = await self._agent(sandbox)
+            if _counts(trajectory):
+                patch = await self._after_agent(sandbox, base, trajectory)
+        except PhaseFailed as failure:
+            assert failure.status is not None
+            trajectory = self._errored(trajectory, failure.status, str(failure))
+        finally:
+            if sandbox is not None:
+                await _close_quietly(sandbox)
+        return trajectory, patch
+
+    async def _environment(self) -> tuple[AgentSandbox, str | None]:
+        problem = self.task.metadata.get(LOAD_ERROR_KEY)
+        if problem:
+            raise InvalidRequest(str(problem))
+        sandbox = await create_task_sandbox(self.rig.orch, self.task, labels=self.labels)
+        try:
+            base = None
+            if isinstance(self.task.grader, SWETestsGrader):
+                base = await snapshot_base(sandbox, self.task.environment.workdir)
+            return sandbox, base
+        except BaseException:
+            await _close_quietly(sandbox)
+            raise
+
+    async def _agent(self, sandbox: AgentSandbox) -> Trajectory:
+        """The agent's run, cut off at its deadline. Whatever happens the trajectory comes back: the
+        harness's own, or (timeout, crash) the steps rebuilt from the gateway's records."""
+        budget = self._agent_budget()
+        model = ModelConfig(model=self.rig.model, base_url=self.rig.gateway.base_url,
+                            api_key=SecretStr(self.rig.gateway.api_key), rollout_key=self.key,
+                            sampling=self.rig.sampling, deadline=time.time() + budget)
+        oracle = _oracle_module() if self.rig.model == ORACLE_MODEL else None
+        if oracle is not None:
+            oracle.register(self.key, self.task)
+        record = self._open_phase("agent", budget)
+        started = time.monotonic()
+        cutoff = asyncio.timeout(budget)
+        try:
+            async with cutoff:
+                trajectory = await self.rig.harness.run(self._visible_task(), sandbox, model)
+            if not isinstance(trajectory, Trajectory):
+                raise TypeError(f"harness {self.rig.harness.name!r} returned {type(trajectory).__name__}, "
+                                "not a Trajectory")
+        except TimeoutError as exc:
+            if not cutoff.expired():  # the harness's own timeout escaped it: a crash like any other
+                log.exception("harness %s crashed on task %s", self.rig.harness.name, self.task.id)
+                trajectory = self._partial("agent_error", f"harness crashed: TimeoutError: {exc}")
+            else:
+                trajectory = self._partial("timeout", f"timeout: the agent ran past the task timeout of {budget:g} s"
+                                                      + ("" if budget == self.rig.timeouts.agent_s
+                                                         else " (what was left of the trial's deadline)"))
+        except ModelError as exc:
+            trajectory = self._partial("model_error", f"{exc.code}: {exc}")
+        except OrchardError as exc:
+            trajectory = self._partial("sandbox_error", f"{exc.code}: {exc}")
+        except Exception as exc:  # a harness bug must not stop the run: the rollout is an error, logged
+            log.exception("harness %s crashed on task %s", self.rig.harness.name, self.task.id)
+            trajectory = self._partial("agent_error", f"harness crashed: {type(exc).__name__}: {exc}")
+        finally:
+            if oracle is not None:
+                oracle.unregister(self.key)
+            self.agent_wall_s = time.monotonic() - started
+        _settle_exit_status(trajectory)
+        error = trajectory.outcome.error if trajectory.outcome else None
+        self._close_phase(record, "ok" if error is None else ("timeout" if trajectory.exit_status == "timeout"
+                                                                 else "error"), error)
+        return trajectory
+
+    async def _after_agent(self, sandbox: AgentSandbox, base: str | None, trajectory: Trajectory) -> str | None:
+        """The patch (SWE) or the script grader's outcome (script tasks), read before the sandbox goes."""
+        cpu_before = self._cpu_before
+        grader = self.task.grader
+        patch = None
+        if isinstance(grader, SWETestsGrader) and base is not None:
+            try:
+                patch = await self._phase("patch", self.rig.timeouts.patch_s,
+                                          lambda: extract_patch(sandbox, self.task.environment.workdir, base),
+                                          on_error=_patch_status)
+            except PhaseFailed as failure:
+                if failure.status is not None:
+                    raise
+                trajectory.outcome = Outcome(resolved=False, reward=0.0, details={"patch_error": str(failure)})
+        elif isinstance(grader, ScriptGrader):
+            trajectory.outcome = await self._phase("verify", self.rig.timeouts.verify_s,
+                                                   lambda: grade_script(sandbox, self.task), on_error=_grader_status)
+        cpu_after = await _cpu_seconds(sandbox)
+        if cpu_before is not None and cpu_after is not None:
+            self.cpu_s = max(0.0, cpu_after - cpu_before)
+        return patch
+
+    async def _verify(self, patch: str) -> Outcome:
+        # Waiting for a grading slot is the scheduler's doing: the trial's clock stops meanwhile.
+        waited = time.monotonic()
+        async with self.rig.grading_slots:
+            self.deadline += time.monotonic() - waited
+            try:
+                outcome = await self._phase(
+                    "verify", self.rig.timeouts.verify_s,
+                    lambda: grade_swe_patch(self.rig.orch, self.task, patch, labels=self.labels),
+                    on_error=_grader_status)
+            except PhaseFailed as failure:
+                return Outcome(error=f"grading: {failure}", details={"patch": patch})
+        outcome.details["patch"] = patch
+        return outcome
+
+    # --- phase bookkeeping ---------------------------------------------------------------------------
+
+    async def _phase(self, name: PhaseName, limit: float, work: Callable[[], Awaitable[_T]], *,
+                     on_error: Callable[[BaseException], ExitStatus | None],
+                     skip_if: Callable[[], bool] | None = None) -> _T:
+        if skip_if is not None and skip_if():
+            self.phases.append(PhaseRecord(name=name, result="skipped"))
+            return None  # type: ignore[return-value]
+        budget = max(0.0, min(limit, self.deadline - time.monotonic()))
+        record = self._open_phase(name, budget)
+        cutoff = asyncio.timeout(budget)
+        try:
+            async with cutoff:
+                value = await work()
+        except TimeoutError as exc:
+            if cutoff.expired():
+                message = f"{name.replace('_', ' ')} ran past its {budget:.0f} s"
+                self._close_phase(record, "timeout", message)
+                raise PhaseFailed(on_error(TimeoutError(message)), message) from None
+            self._close_phase(record, "error", f"TimeoutError: {exc}")
+            raise PhaseFailed(on_error(exc), f"{name.replace('_', ' ')}: TimeoutError: {exc}") from None
+        except Exception as exc:
+            message = f"{exc.code}: {exc}" if isinstance(exc, OrchardError) else f"{type(exc).__name__}: {exc}"
+            self._close_phase(record, "error", message)
+            if not isinstance(exc, OrchardError):
+                log.exception("%s phase failed on task %s", name, self.task.id)
+            raise PhaseFailed(on_error(exc), f"{name.replace('_', ' ')}: {message}") from None
+        self._close_phase(record, "ok", None)
+        return value
+
+    _cpu_before: float | None = None
+
+    def _open_phase(self, name: PhaseName, budget: float) -> PhaseRecord:
+        record = PhaseRecord(name=name, result="ok", started_at=datetime.now(timezone.utc).isoformat(),
+                             timeout_s=round(budget, 3))
+        record.duration_s = time.monotonic()  # the start, until closed
+        self.phases.append(record)
+        return record
+
+    @staticmethod
+    def _close_phase(record: PhaseRecord, result: str, error: str | None) -> None:
+        record.duration_s = max(0.0, time.monotonic() - record.duration_s)
+        record.result, record.error = result, error  # type: ignore[assignment]
+
+    def _agent_budget(self) -> float:
+        """The agent's limit, leaving the trial time to take and grade the patch when it can."""
+        left = self.deadline - time.monotonic()
+        reserve = self.rig.timeouts.patch_s + self.rig.timeouts.verify_s
+        budget = left - reserve if left - reserve > 0 else left
+        return max(0.0, min(self.rig.timeouts.agent_s, budget))
+
+    # --- results -------------------------------------------------------------------------------------
+
+    def _visible_task(self) -> Task:
+        return self.task.model_copy(update={"grader": None})  # tests and gold patch stay with the grader
+
+    def _agent_record(self) -> Agent:
+        return Agent(name=self.rig.harness.name, version=self.rig.harness.version, model_name=self.rig.model)
+
+    def _partial(self, status: ExitStatus, error: str) -> Trajectory:
+        """The steps the gateway recorded for this rollout, as the harness could not return its own."""
+        trajectory = trajectory_from_calls(self.rig.gateway.gateway.calls(self.key), self._agent_record())
+        trajectory.exit_status, trajectory.outcome, trajectory.notes = status, Outcome(error=error), error
+        return trajectory
+
+    def _errored(self, trajectory: Trajectory | None, status: ExitStatus, error: str) -> Trajectory:
+        if trajectory is None:
+            trajectory = Trajectory(agent=self._agent_record())
+        trajectory.exit_status, trajectory.notes = status, error
+        trajectory.outcome = Outcome(error=error, details=(trajectory.outcome.details if trajectory.outcome
+                                                           else {}))
+        return trajectory
+
+    def _finish(self, trajectory: Trajectory) -> Trajectory:
+        """The trajectory as recorded: the gateway's calls attached (steps pointing at them), the
+        accounting from those calls, the task, key and phases set."""
+        calls = self.rig.gateway.end_rollout(self.key)
+        data = trajectory.model_dump()
+        data["steps"] = link_steps_to_calls(data["steps"], calls)
+        data.update(task_id=self.task.id, rollout_key=self.key, llm_calls=[call.model_dump() for call in calls],
+                    phases=[phase.model_dump() for phase in self.phases])
+        data["agent"]["model_name"] = data["agent"].get("model_name") or self.rig.model
+        data["final_metrics"] = FinalMetrics.from_llm_calls(
+            calls, total_steps=len(data["steps"]), wall_time_s=time.monotonic() - self.started,
+            sandbox_cpu_s=self.cpu_s).model_dump()
+        if data.get("outcome") is None:
+            data["outcome"] = Outcome(error="not graded: the task has no grader").model_dump()
+            data["exit_status"] = data.get("exit_status") or "grader_error"
+        return Trajectory.model_validate(data)
+
+
+# --- how a failure is classed, phase by phase ---------------------------------------------------------
+
+def _environment_status(exc: BaseException) -> ExitStatus:
+    if isinstance(exc, (InvalidRequest, TimeoutError)):
+        return "environment_error"  # the task's environment is broken (or its setup hangs)
+    return "sandbox_error"
+
+
+def _harness_setup_status(exc: BaseException) -> ExitStatus:
+    return "sandbox_error" if isinstance(exc, (SandboxLost, SandboxNotFound, BackendError)) else "harness_error"
+
+
+def _patch_status(exc: BaseException) -> ExitStatus | None:
+    # None: the agent broke the repository or made a diff too large (or too slow) to take — its failed
+    # attempt. A sandbox that fails meanwhile is an error.
+    return None if isinstance(exc, (InvalidRequest, TimeoutError)) else "sandbox_error"
+
+
+def _grader_status(exc: BaseException) -> ExitStatus:
+    return "grader_error"
+
+
+def _settle_exit_status(trajectory: Trajectory) -> None:
+    """Make exit_status and outcome agree: an error outcome has an error status and vice versa."""
+    error = trajectory.outcome.error if trajectory.outcome else None
+    status = trajectory.exit_status
+    if error is not None and (status is None or is_agent_outcome(status)):
+        trajectory.exit_status = "agent_error"
+    elif error is None and status is not None and not is_agent_outcome(status):
+        trajectory.outcome = Outcome(error=f"{status}: the harness ended with this status")
+    elif error is None and status is None:
+        trajectory.exit_status = "stopped"
+
+
+def _counts(trajectory: Trajectory) -> bool:
+    return trajectory.outcome is None or trajectory.outcome.error is None
+
+
+async def _cpu_seconds(sandbox: AgentSandbox) -> float | None:
+    with contextlib.suppress(OrchardError):
+        return await sandbox_cpu_seconds(sandbox)
+    return None
+
+
+def _oracle_module() -> Any:
+    from orchard.policies import oracle
+
+    return oracle
+
+
+async def _close_quietly(sandbox: AgentSandbox) -> None:
+    try:
+        await sandbox.close()
+    except OrchardError as exc:  # the sandbox is gone either way; the AsyncOrchard close retries
+        log.warning("deleting sandbox %s failed: %s", sandbox.id, exc)
