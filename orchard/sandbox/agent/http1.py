@@ -4,7 +4,9 @@ checked before anything else looks at them.
 The agent's own reader instead of `http.server`, whose import (it pulls in `http.client` and most of
 `email`) was over half of the agent's start-up time, paid by every sandbox creation. Limits keep a hostile
 or broken client from growing the agent's memory: one line at most MAX_LINE bytes, a head at most
-MAX_HEAD_BYTES and MAX_HEADERS fields."""
+MAX_HEAD_BYTES and MAX_HEADERS fields. Body framing is checked here too, so no request is ever read two
+ways (the shape of request smuggling): Content-Length with Transfer-Encoding, a repeated Content-Length and
+any transfer coding but `chunked` are refused (RFC 9112 6.3 allows rejecting them)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ MAX_HEADERS = 100
 MAX_HEAD_BYTES = 65536
 # Empty lines tolerated before a request line (RFC 9112 2.2: a stray CRLF after a previous body).
 MAX_EMPTY_LINES = 4
+# Digits of a Content-Length: 18 are up to ~1 EB, more than any body limit (and int() of a huge digit
+# string is slow).
+MAX_LENGTH_DIGITS = 18
 # Characters of a method name (an HTTP token).
 TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
@@ -121,9 +126,25 @@ def _add_field(headers: Headers, line: str, previous):
         dict.__setitem__(headers, name, value)
     elif name == "transfer-encoding":
         dict.__setitem__(headers, name, dict.__getitem__(headers, name) + ", " + value)
-    elif name == "content-length" and dict.__getitem__(headers, name) != value:
-        raise HeadError(400, "conflicting Content-Length headers; send one")
+    elif name == "content-length":
+        raise HeadError(400, "more than one Content-Length header; send exactly one")
     return name
+
+
+def _check_framing(headers: Headers):
+    """Refuse a head whose body could be delimited in more than one way. Constant time."""
+    coding = dict.get(headers, "transfer-encoding")
+    length = dict.get(headers, "content-length")
+    if coding is not None:
+        if length is not None:
+            raise HeadError(400, "the request has both Content-Length and Transfer-Encoding; send one of them")
+        if coding.lower() != "chunked":
+            raise HeadError(400, "Transfer-Encoding %r is not supported; send the body with Content-Length or "
+                            "'Transfer-Encoding: chunked' alone" % coding[:60])
+    elif length is not None and not (0 < len(length) <= MAX_LENGTH_DIGITS and length.isdigit()
+                                     and length.isascii()):  # int() would take "+5", " 5" or "1_0"
+        raise HeadError(400, "Content-Length %r is not a non-negative integer of at most %d digits"
+                        % (length[:30], MAX_LENGTH_DIGITS))
 
 
 def read_head(rfile):
@@ -147,4 +168,5 @@ def read_head(rfile):
             raise HeadError(431, "the request headers are over the agent's limit (%d lines, %d bytes); send "
                             "fewer or shorter headers" % (MAX_HEADERS, MAX_HEAD_BYTES))
         previous = _add_field(headers, raw.decode("latin-1").rstrip("\r\n"), previous)
+    _check_framing(headers)
     return RequestHead(first[0], first[1], first[2], headers)

@@ -14,6 +14,14 @@ from .http1 import REASONS
 
 JSON_TYPE = "application/json"
 CHUNK = 1 << 20  # body read size: big enough for throughput, small enough for flat memory
+# A chunk-size line of a chunked body: at most 16 hex digits (2**64 - 1), the line (extensions included)
+# at most MAX_CHUNK_LINE bytes, at most MAX_TRAILERS trailer lines after the last chunk.
+MAX_CHUNK_DIGITS = 16
+MAX_CHUNK_LINE = 1024
+MAX_TRAILERS = 100
+HEX_DIGITS = b"0123456789abcdefABCDEF"
+# Nesting of a JSON request body: no request has more than 2 levels (an object of lists or objects).
+MAX_JSON_DEPTH = 32
 
 
 class ApiError(Exception):
@@ -73,6 +81,7 @@ class Body:
         self._limit_name = limit_name
         self._total = 0
         self._chunk_left = 0
+        self._broken = False  # a framing error was found: nothing more can be read from this body
         self.finished = False
         encoding = (headers.get("Transfer-Encoding") or "").lower()
         length = headers.get("Content-Length")
@@ -95,6 +104,8 @@ class Body:
         """Up to `size` bytes (fewer near chunk boundaries); b"" at the end of the body."""
         if self.finished:
             return b""
+        if self._broken:
+            raise bad_request("the request body is malformed; nothing more of it is read")
         if size is None or size < 0:
             size = CHUNK
         if self.chunked:
@@ -113,24 +124,49 @@ class Body:
         return data
 
     def _read_chunked(self, size: int) -> bytes:
+        try:
+            return self._read_chunk(size)
+        except ApiError:
+            self._broken = True  # the stream position is unknown: never read on (drain included)
+            raise
+
+    def _read_chunk(self, size: int) -> bytes:
         if self._chunk_left == 0:
-            line = self._rfile.readline(1026)
-            try:
-                self._chunk_left = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise bad_request("malformed chunked request body (bad chunk size line %r)" % line[:40])
+            self._chunk_left = self._chunk_size()
             if self._chunk_left == 0:
-                while self._rfile.readline(65537) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
+                for _ in range(MAX_TRAILERS + 1):
+                    if self._rfile.readline(MAX_CHUNK_LINE + 2) in (b"\r\n", b"\n", b""):
+                        break
+                else:
+                    raise bad_request("more than %d trailer lines after the last chunk" % MAX_TRAILERS)
                 self.finished = True
                 return b""
         data = self._rfile.read(min(size, self._chunk_left))
         if not data:
             raise bad_request("request body ended inside a chunk")
         self._chunk_left -= len(data)
-        if self._chunk_left == 0:
-            self._rfile.readline(3)  # the CRLF after each chunk
+        if self._chunk_left == 0 and self._rfile.readline(3) not in (b"\r\n", b"\n"):
+            raise bad_request("malformed chunked request body: a chunk is not followed by CRLF")
         return data
+
+    def _chunk_size(self) -> int:
+        """The size of the next chunk, checked before any of it is read: a bad line is 400, a size that
+        would take the body over its limit 413, at once (never waiting for data that will not come)."""
+        line = self._rfile.readline(MAX_CHUNK_LINE + 1)
+        if not line.endswith(b"\n"):
+            if len(line) > MAX_CHUNK_LINE:
+                raise bad_request("a chunk-size line of the chunked request body is longer than %d bytes"
+                                  % MAX_CHUNK_LINE)
+            raise bad_request("request body ended before its last chunk")
+        digits = line.split(b";", 1)[0].strip(b" \t\r\n")
+        if not 0 < len(digits) <= MAX_CHUNK_DIGITS or digits.strip(HEX_DIGITS):
+            raise bad_request("malformed chunked request body (bad chunk size line %r; expected at most %d hex "
+                              "digits)" % (line[:40], MAX_CHUNK_DIGITS))
+        chunk = int(digits, 16)
+        if chunk > self._limit - self._total:
+            raise too_large("a chunk of %d bytes takes the request body over the agent's limit of %d bytes "
+                            "(%s); send less or raise the limit" % (chunk, self._limit, self._limit_name))
+        return chunk
 
     def read_all(self) -> bytes:
         parts = []
@@ -171,6 +207,21 @@ class ChunkedWriter:
 
     def close(self):
         self._wfile.write(b"0\r\n\r\n")
+
+
+_TOO_DEEP = object()
+
+
+def _too_deep(value) -> bool:
+    """Whether JSON `value` nests lists/objects more than MAX_JSON_DEPTH levels (walked without recursion,
+    so the check itself cannot hit the recursion limit)."""
+    level = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return any(isinstance(item, (dict, list)) for item in level)
 
 
 def unquote(text: str, plus: bool = False) -> str:
@@ -239,6 +290,12 @@ class Request:
             value = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise bad_request("request body is not valid JSON (%s)" % exc)
+        except RecursionError:
+            value = _TOO_DEEP  # nested past the interpreter's recursion limit
+        # Only a body with enough brackets to nest deeply is walked (count() runs in C, in microseconds).
+        if value is _TOO_DEEP or (raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _too_deep(value)):
+            raise bad_request("request body nests JSON more than %d levels deep; no request needs that"
+                              % MAX_JSON_DEPTH)
         if not isinstance(value, dict):
             raise bad_request("request body must be a JSON object, not %s" % type(value).__name__)
         return value
