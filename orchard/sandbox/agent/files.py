@@ -1,5 +1,6 @@
-"""`/files`: read (streamed from disk with sendfile), write (streamed to a temp file beside the target,
-fsync'd, then renamed over it so readers never see half a file), delete, stat and list.
+"""`/files`: read (streamed from disk with sendfile; 413 before sending when over the caller's `max_bytes`),
+write (streamed to a temp file beside the target, fsync'd, then renamed over it so readers never see half a
+file), delete, stat and list.
 
 shutil and tempfile are imported by the handlers that use them: every sandbox's start would pay for them."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 import os
 import stat as stat_module
 
-from .wire import CHUNK, bad_request, not_found
+from .wire import CHUNK, bad_request, not_found, too_large
 
 
 def file_info(path: str) -> dict:
@@ -42,8 +43,23 @@ def handle_read(req):
                           % path)
     if not stat_module.S_ISREG(st.st_mode):  # opening a FIFO or device could block or never end
         raise bad_request("%s is not a regular file" % path)
+    max_bytes = _parse_max_bytes(req.param("max_bytes"))
     with open(path, "rb") as f:
-        req.send_file(f, os.fstat(f.fileno()).st_size)
+        size = os.fstat(f.fileno()).st_size
+        if max_bytes is not None and size > max_bytes:  # refused before a byte of it is sent
+            raise too_large("%s is %d bytes, over the max_bytes=%d of this read; read a part of it (e.g. "
+                            "`head -c`), download it to a file, or ask for a larger max_bytes"
+                            % (path, size, max_bytes))
+        req.send_file(f, size)
+
+
+def _parse_max_bytes(text):
+    """The `max_bytes` query parameter of GET /files: None (no cap) or a non-negative integer."""
+    if text is None or text == "":
+        return None
+    if not (text.isdigit() and text.isascii() and len(text) <= 19):
+        raise bad_request("max_bytes must be a non-negative integer number of bytes, not %r" % text[:30])
+    return int(text)
 
 
 def _parse_mode(text):

@@ -1,7 +1,10 @@
 """`/tar`: directories as tar streams. GET streams a tar of a directory's contents as it is read; PUT
 extracts a streamed tar into a temp directory beside the target, refusing anything that could land outside
 it (absolute names, `..`, links pointing out, devices), and only then moves the result into place — a
-refused or broken archive leaves the target untouched.
+refused or broken archive leaves the target untouched. Each member's place is checked before anything is
+created for it: a member that would pass through a symlink pointing outside the staging directory (one made
+earlier in the same archive) is refused before a single directory is made through that link. The staging
+directory stays private (0700) until it is moved into place.
 
 tarfile, shutil and tempfile are imported on the first tar request, not at the start of every sandbox
 (together they cost several milliseconds there)."""
@@ -51,11 +54,11 @@ def handle_upload(req) -> dict:
         raise bad_request("cannot create %s: a parent of it is a file, not a directory" % root)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".orchard-tar-")
     try:
-        os.chmod(tmp, 0o777 & ~req.context.umask)  # mkdtemp makes it 0700; it may become the target
         count = _extract(body, tmp)
         if exists:
             _merge(tmp, root)
         else:
+            os.chmod(tmp, 0o777 & ~req.context.umask)  # mkdtemp made it 0700; now it becomes the target
             os.rename(tmp, root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -81,6 +84,22 @@ def _safe_name(name: str, member_name: str):
 def _inside(root: str, path: str) -> bool:
     real = os.path.realpath(path)
     return real == root or real.startswith(root + os.sep)
+
+
+def _make_dirs(tmp: str, path: str, member_name: str):
+    """Create `path` and its missing parents inside the staging directory `tmp`, one level at a time, each
+    checked to resolve inside `tmp` before it is made: a link planted by an earlier member is never
+    followed out, not even to create an empty directory."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for level in reversed(missing):
+        if not _inside(tmp, level):
+            raise _refuse(member_name, "is reached through a symlink pointing outside the target")
+        if os.path.lexists(level):  # a dangling link or a file where a directory has to be
+            raise _refuse(member_name, "needs a directory where the archive has put a file or a link")
+        os.mkdir(level)
 
 
 def _clear(target: str):
@@ -111,17 +130,17 @@ def _extract(body, tmp: str) -> int:
             if name is None:
                 continue
             target = os.path.join(tmp, name)
+            # Before anything is created for this member: where its parent really is, following the links
+            # earlier members made (realpath resolves the part that exists; nothing is created here).
+            if not _inside(tmp, os.path.dirname(target)):
+                raise _refuse(member.name, "is reached through a symlink pointing outside the target")
             if member.isdir():
                 if os.path.lexists(target) and (os.path.islink(target) or not os.path.isdir(target)):
-                    os.unlink(target)
-                os.makedirs(target, exist_ok=True)
-                if not _inside(tmp, target):
-                    raise _refuse(member.name, "is a directory reached through a link pointing outside")
+                    os.unlink(target)  # the link itself (inside the staging directory), never its target
+                _make_dirs(tmp, target, member.name)
                 dirs.append((target, member))
                 continue
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if not _inside(tmp, os.path.dirname(target)):
-                raise _refuse(member.name, "is reached through a link pointing outside the target")
+            _make_dirs(tmp, os.path.dirname(target), member.name)
             _clear(target)
             if member.isfile():
                 source = tar.extractfile(member)
@@ -132,6 +151,9 @@ def _extract(body, tmp: str) -> int:
             elif member.issym():
                 if member.linkname.startswith("/"):
                     raise _refuse(member.name, "is a symlink to an absolute path (%r)" % member.linkname)
+                if not _inside(tmp, os.path.join(os.path.dirname(target), member.linkname)):
+                    raise _refuse(member.name, "is a symlink pointing outside the target (%r)"
+                                  % member.linkname)
                 os.symlink(member.linkname, target)
                 links.append((target, member))
             elif member.islnk():
