@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchard.eval.results import read_results
+from orchard.core.atif import to_atif
+from orchard.eval.results import read_results, read_trajectories
+from tests.atif_spec import validate_atif
 from tests.running_server import live_sandbox_ids, remove_live_sandboxes
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "orchard-hello-harness"
@@ -61,6 +63,13 @@ def test_orchard_eval_runs_the_plugin_on_a_task(installed, tmp_path):
         (row,) = results.tasks
         assert (results.settings.harness, row.task_id, row.status) == ("hello", TASK, "resolved")
         assert row.n_llm_calls >= 2 and row.steps >= 4
+        # the response ids the plugin kept in extra["response_id"] became links to the gateway's records
+        (trajectory,) = read_trajectories(out)
+        agent_steps = [step for step in trajectory.steps if step.source == "agent"]
+        assert agent_steps and all(step.llm_call_ids for step in agent_steps)
+        assert {i for step in agent_steps for i in step.llm_call_ids} <= {call.id for call in trajectory.llm_calls}
+        assert all(call.raw_arguments is not None for step in agent_steps for call in step.tool_calls)
+        validate_atif(to_atif(trajectory))
         assert not asyncio.run(live_sandbox_ids(home))
     finally:
         remove_live_sandboxes(home)

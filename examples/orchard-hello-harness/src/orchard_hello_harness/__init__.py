@@ -4,7 +4,8 @@ Each turn sends the conversation to the model (through `model.base_url`, the Orc
 `model.headers()`, which carry the rollout key), runs each `bash` call in the sandbox's workdir and sends the
 output back, and stops at `submit` or after `max_steps` model calls. It returns the trajectory ungraded:
 grading is the evaluator's job. A failed model call or sandbox ends the run with `Outcome(error=...)`, which
-the evaluator records as an error rather than a failed attempt."""
+the evaluator records as an error rather than a failed attempt. Each agent step keeps the response's id in
+`extra["response_id"]`, which the evaluator links to the gateway's record of that call (tokens, logprobs)."""
 
 from __future__ import annotations
 
@@ -53,15 +54,19 @@ class HelloHarness:
         headers = dict(model.headers())
         if model.api_key is not None:
             headers["Authorization"] = f"Bearer {model.api_key.get_secret_value()}"
+        trajectory.exit_status = "step_limit"
         async with httpx.AsyncClient(base_url=model.base_url or "", headers=headers, timeout=model.timeout_s) as http:
             try:
                 for _ in range(self.max_steps):
                     reply = await self._complete(http, model, messages)
                     messages.append(reply)
                     if await self._act(reply, sandbox, workdir, messages, trajectory):
+                        trajectory.exit_status = "submitted"
                         break
-            except OrchardError as exc:  # the model or the sandbox failed: an error, not a failed attempt
-                trajectory.outcome = Outcome(error=f"{exc.code}: {exc}")
+            except ModelError as exc:  # the model failed: an error, not a failed attempt
+                trajectory.outcome, trajectory.exit_status = Outcome(error=f"{exc.code}: {exc}"), "model_error"
+            except OrchardError as exc:  # the sandbox failed: likewise
+                trajectory.outcome, trajectory.exit_status = Outcome(error=f"{exc.code}: {exc}"), "sandbox_error"
         return trajectory
 
     async def _complete(self, http: httpx.AsyncClient, model: ModelConfig,
@@ -86,10 +91,14 @@ class HelloHarness:
         response_id = reply.pop("_response_id", None)
         calls, results, submitted = [], [], False
         for call in reply.get("tool_calls") or []:
-            name, call_id = call["function"]["name"], call["id"]
-            arguments = json.loads(call["function"].get("arguments") or "{}")
-            calls.append(ToolCall(tool_call_id=call_id, function_name=name, arguments=arguments))
-            if name == "submit":
+            name, call_id, raw = call["function"]["name"], call["id"], call["function"].get("arguments") or "{}"
+            arguments = _json_object(raw)
+            # raw_arguments: the text the model wrote, which training replays as written (even when malformed)
+            calls.append(ToolCall(tool_call_id=call_id, function_name=name, arguments=arguments or {},
+                                  raw_arguments=raw))
+            if arguments is None:
+                output = f"the arguments of {name} are not a JSON object: {raw[:200]}"
+            elif name == "submit":
                 output, submitted = "submitted", True
             elif name == "bash":
                 result = await sandbox.exec(arguments.get("command", ""), cwd=workdir, timeout=self.command_timeout_s)
@@ -104,5 +113,13 @@ class HelloHarness:
             step_id=trajectory.next_step_id, source="agent", model_name=trajectory.agent.model_name,
             message=reply.get("content") or "", tool_calls=calls,
             observation=Observation(results=results) if results else None,
-            llm_call_ids=[response_id] if response_id else []))
+            extra={"response_id": response_id} if response_id else {}))
         return submitted
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
