@@ -27,6 +27,7 @@ from orchard.core.trajectory import (
     ToolCall,
     Trajectory,
 )
+from tests.atif_spec import validate_atif
 
 BASH_TOOL = {"type": "function", "function": {"name": "bash", "description": "run a command",
                                               "parameters": {"type": "object",
@@ -89,6 +90,7 @@ def rich_trajectory() -> Trajectory:
 def test_atif_export_then_import_is_lossless_through_json():
     trajectory = rich_trajectory()
     document = json.loads(json.dumps(to_atif(trajectory), ensure_ascii=False))
+    validate_atif(document)
     assert from_atif(document) == trajectory
     assert from_atif(json.dumps(document)) == trajectory  # JSON text is accepted too
 
@@ -97,6 +99,7 @@ def test_atif_export_is_plain_atif_with_orchard_fields_under_extra():
     """The default declared version, ATIF-v1.6: what v1.6 lacks (tool-call and observation-result extras,
     llm_call_count, embedded subagents) is Orchard data under the nearest enclosing `extra`."""
     document = to_atif(rich_trajectory())
+    validate_atif(document)
     assert set(document) == {"schema_version", "session_id", "agent", "steps", "notes", "final_metrics", "extra"}
     assert document["schema_version"] == "ATIF-v1.6"
     assert document["agent"]["name"] == "react" and document["agent"]["tool_definitions"] == [BASH_TOOL]
@@ -129,6 +132,7 @@ def test_atif_v17_export_uses_v17_fields_where_they_are():
     subs = [sub.model_copy(update={"schema_version": "ATIF-v1.7"}) for sub in rich.subagent_trajectories]
     trajectory = rich.model_copy(update={"schema_version": "ATIF-v1.7", "subagent_trajectories": subs})
     document = to_atif(trajectory)
+    validate_atif(document)
     assert document["schema_version"] == "ATIF-v1.7"
     embedded = document["subagent_trajectories"][0]
     assert "session_id" not in embedded and embedded["trajectory_id"] == "sub-1"
@@ -179,6 +183,7 @@ def test_plain_atif_from_another_tool_imports():
     assert again["steps"][1] == document["steps"][1]
     assert again["steps"][2] == {k: v for k, v in document["steps"][2].items() if v is not None}
     assert from_atif(again) == trajectory
+    validate_atif(to_atif(trajectory, version="ATIF-v1.6"))  # the validator knows v1.6 and v1.7, not v1.4
 
 
 def test_atif_v17_document_without_session_id_keeps_it_absent():
@@ -187,6 +192,7 @@ def test_atif_v17_document_without_session_id_keeps_it_absent():
     trajectory = from_atif(document)
     assert trajectory.session_id is None
     assert to_atif(trajectory) == document
+    validate_atif(to_atif(trajectory))
 
 
 @pytest.mark.parametrize("document, expected", [
@@ -386,6 +392,7 @@ def _check_atif_object(kind, obj, where):
 
 def test_atif_export_uses_only_atif_fields():
     _check_atif_object("trajectory", to_atif(rich_trajectory()), "trajectory")
+    validate_atif(to_atif(rich_trajectory()))  # and the independent validator of the declared version
 
 
 def test_conversions_share_no_mutable_state_with_their_inputs():
