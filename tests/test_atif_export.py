@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from orchard.cli.main import app
 from orchard.core.atif import FIELDS_ADDED_IN, from_atif, to_atif
+from orchard.core.errors import InvalidRequest
 from orchard.core.jsonl import write_jsonl
 from orchard.core.trajectory import AtifObject, ContentPart, ImageSource, Step, Trajectory
 from orchard.eval.atif_export import atif_file_name
@@ -108,9 +109,14 @@ def test_fields_older_versions_lack_move_under_extra_and_come_back():
 
 def test_exports_that_the_version_cannot_hold_are_refused_with_the_reason():
     no_session = Trajectory(session_id=None, agent={"name": "a", "version": "1"})
-    with pytest.raises(Exception, match="session_id is required before ATIF-v1.7"):
+    with pytest.raises(InvalidRequest, match="session_id is required before ATIF-v1.7"):
         to_atif(no_session)
     assert validate_atif(exported_and_valid(no_session, version="ATIF-v1.7"))
+    ref_without_id = Trajectory(schema_version="ATIF-v1.7", agent={"name": "a", "version": "1"}, steps=[
+        Step(step_id=1, source="agent", observation={"results": [{"subagent_trajectory_ref": [{"session_id": "s"}]}]})])
+    with pytest.raises(InvalidRequest, match="resolves subagent references by trajectory_id or trajectory_path"):
+        to_atif(ref_without_id)
+    assert from_atif(exported_and_valid(ref_without_id, version="ATIF-v1.6")).steps == ref_without_id.steps
 
 
 # --- real harness trajectories ---------------------------------------------------------------------

@@ -141,7 +141,7 @@ def _export(model: AtifObject, minor: int, where: str) -> tuple[dict[str, Any], 
                 own[name] = _plain(value)
             continue
         if value is None:
-            if name in ("session_id",) and minor < 7:
+            if name == "session_id" and minor < 7:
                 raise InvalidRequest(f"cannot write ATIF-v1.{minor}: {where}.session_id is required before "
                                      "ATIF-v1.7; set one, or export as ATIF-v1.7")
             continue
