@@ -101,7 +101,8 @@ def test_a_corrupt_row_does_not_stop_listing_the_reaper_or_a_restart(tmp_path):
             listed = api.get("/v1/sandboxes")
             assert listed.status_code == 200, listed.text
             assert [s["id"] for s in listed.json()["sandboxes"]] == [bystander["id"]]
-            assert api.get(f"/v1/sandboxes/{victim['id']}").status_code == 404
+            gone = api.get(f"/v1/sandboxes/{victim['id']}")
+            assert gone.status_code == 404 and "quarantined" in gone.json()["message"], gone.text
             assert api.post(f"/v1/sandboxes/{bystander['id']}/heartbeat").status_code == 200
             assert victim["id"] in quarantined(tmp_path)
 

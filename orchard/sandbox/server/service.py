@@ -259,6 +259,9 @@ class SandboxService:
 
     def _require(self, sandbox_id: str) -> SandboxRecord:
         record = self.store.get(sandbox_id)
+        if record is None and self.store.quarantined(kind="sandbox", sandbox_id=sandbox_id):
+            raise SandboxNotFound(f"sandbox {sandbox_id}'s stored record was unreadable and was quarantined (see "
+                                  "the orchestrator's log); its sandbox is deleted; create a new sandbox")
         if record is None:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}: it was never created here or was deleted over "
                                   f"{self.finished_retention_s:g} s ago; check the id or list the sandboxes")

@@ -49,9 +49,9 @@ class SpecLimits(BaseModel):
             if value is not None and maximum is not None and value > maximum:
                 source = self.why.get(limit_field, "this orchestrator's setting")
                 raise InvalidRequest(
-                    f"{field}={value:g} is over this orchestrator's maximum of {maximum:g} ({source}); ask for "
-                    f"at most {maximum:g}, or have the operator raise it ({CLI_OPTIONS[limit_field]} or "
-                    f"{ENV_VARS[limit_field]})")
+                    f"{field}={_number(value)} is over this orchestrator's maximum of {_number(maximum)} "
+                    f"({source}); ask for at most {_number(maximum)}, or have the operator raise it "
+                    f"({CLI_OPTIONS[limit_field]} or {ENV_VARS[limit_field]})")
 
     def overridden(self, values: Mapping[str, str | float | int | None]) -> "SpecLimits":
         """These limits with `values` (field → number, or 'none' for no maximum) applied on top."""
@@ -95,6 +95,10 @@ def spec_limits(backend_name: str, home: Path, overrides: Mapping[str, str | flo
     environ = os.environ if environ is None else environ
     from_env = {field: environ[var] for field, var in ENV_VARS.items() if environ.get(var, "").strip()}
     return machine_limits(backend_name, home).overridden(from_env).overridden(overrides or {})
+
+
+def _number(value: float | int) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _memory_mb() -> int:

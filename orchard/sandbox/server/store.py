@@ -201,13 +201,17 @@ class SandboxStore:
 
     # --- quarantine of unreadable rows ------------------------------------------------------------------
 
-    def quarantined(self, *, kind: str | None = None, pending_only: bool = False) -> list[QuarantinedRow]:
+    def quarantined(self, *, kind: str | None = None, sandbox_id: str | None = None,
+                    pending_only: bool = False) -> list[QuarantinedRow]:
         """Quarantined rows, oldest first; `pending_only`: those whose sandbox is not cleaned up yet."""
         sql = "SELECT seq, kind, id, record, reason, quarantined_at, cleaned_up FROM quarantine WHERE 1"
         args: list = []
         if kind is not None:
             sql += " AND kind = ?"
             args.append(kind)
+        if sandbox_id is not None:
+            sql += " AND id = ?"
+            args.append(sandbox_id)
         if pending_only:
             sql += " AND cleaned_up = 0"
         rows = self._read(sql + " ORDER BY seq", tuple(args))
