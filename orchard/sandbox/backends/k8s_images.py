@@ -4,8 +4,8 @@ or without Python) runs the agent through the bundled loader. The same image car
 tool at /egress (k8s_egress.py): Debian's `nft` with the libraries `ldd` names and the dynamic loader,
 and `/egress/apply`, a busybox script that runs it through that loader (no libc in the image).
 
-The image is named after the bundle key (`localhost/orchard-agent:<key>`), so a changed agent or
-interpreter gets a new image. No registry is needed: `build_injector_rootfs` makes the root file system
+The image is named after the bundle key and its layout (`localhost/orchard-agent:<key>-egress1`), so a
+changed agent or interpreter, or an image from before the egress tool, is never taken for the current one. No registry is needed: `build_injector_rootfs` makes the root file system
 and an import command (the dev cluster's `cluster.sh import-image`) turns it into an image in the node's
 containerd. For a real cluster, push the same root file system as a one-layer image to your registry and
 point the backend at it (`ORCHARD_K8S_AGENT_IMAGE`).
