@@ -29,9 +29,9 @@ DENIED = "EHOSTUNREACH"
 # Connect (TCP) or send (UDP) once; print "connected"/"sent" or the errno's name.
 PROBE = """
 import errno, socket, sys
-host, port, proto = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+host, port, proto, wait = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM)
-s.settimeout(10)
+s.settimeout(wait)
 try:
     if proto == "tcp":
         s.connect((host, port))
@@ -109,8 +109,8 @@ class Box:
         return [f"{mount}/{m.loader}", "--library-path", f"{mount}/{m.library_dir}", f"{mount}/{m.python}",
                 "-s", "-S", "-B", "-c", script, *args]
 
-    async def probe(self, host: str, port: int, proto: str = "tcp") -> str:
-        result = await self.sb.exec(self._python(PROBE, host, str(port), proto), timeout=60)
+    async def probe(self, host: str, port: int, proto: str = "tcp", wait: float = 10) -> str:
+        result = await self.sb.exec(self._python(PROBE, host, str(port), proto, str(wait)), timeout=60)
         assert result.exit_code == 0, result
         return result.stdout.strip()
 
@@ -184,6 +184,16 @@ async def test_guarded_agent_stays_reachable(boxes):
     result = await closed.sb.exec(["echo", "still here"])
     assert (result.exit_code, result.stdout) == (0, "still here\n")
     assert await boxes["open"].probe(closed.ip, AGENT_PORT) == "connected"
+
+
+async def test_other_listeners_in_a_guarded_pod_cannot_answer(boxes):
+    """Ingress is open, but only the agent's port may reply: a server the workload starts gets the SYN
+    and its SYN-ACK is refused in its own Pod, so the caller never connects (it waits in vain)."""
+    closed = boxes["none"]
+    started = await closed.sb.exec(f"mkdir -p /tmp/www && httpd -p {OTHER_PORT} -h /tmp/www")
+    assert started.exit_code == 0, started
+    assert await closed.probe("127.0.0.1", OTHER_PORT) == "connected"  # it does listen
+    assert await boxes["open"].probe(closed.ip, OTHER_PORT, wait=3) == "timeout"
 
 
 async def test_allowlist_reaches_only_the_listed_target(boxes, cluster_addresses):
