@@ -106,7 +106,10 @@ async def test_react_with_the_oracle_resolves_real_tasks_and_records_everything(
         metrics = trajectory.final_metrics
         assert metrics.n_llm_calls == len(trajectory.llm_calls) == 3  # apply, check, submit
         assert metrics.total_prompt_tokens == 0  # the oracle reads no tokens: its usage says so
-        assert metrics.wall_time_s > 0 and metrics.sandbox_cpu_s is not None and metrics.sandbox_cpu_s > 0
+        # Two /proc snapshots in 10 ms ticks around a few ticks of work (0.03-0.05 s here): a process reaped
+        # while a snapshot is read can be missed, so the difference can round to 0.0 (this asserted > 0 and
+        # failed 1 run in 5 under load). Real work is measured in test_sandbox_cpu_seconds_count_the_work_done_inside.
+        assert metrics.wall_time_s > 0 and metrics.sandbox_cpu_s is not None and metrics.sandbox_cpu_s >= 0
 
 
 async def test_a_scripted_attempt_that_changes_nothing_is_failed_not_error(home, tmp_path, scripted):

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -62,14 +63,25 @@ def eval_command(
     max_tokens: Annotated[Optional[int], typer.Option(
         "--max-tokens", min=1, help="Most tokens the model may generate per call.")] = None,
     task_timeout: Annotated[float, typer.Option(
-        "--task-timeout", min=1, help="Seconds a harness may run on one task before it counts as an error.")
-    ] = 1800.0,
+        "--task-timeout", min=1, help="Seconds the agent may run on one task; past it the trial is a `timeout` "
+                                      "error (its steps so far kept).")] = 1800.0,
+    trial_timeout: Annotated[float, typer.Option(
+        "--trial-timeout", min=1, help="Seconds one whole trial may take: setup, agent, patch and grading.")
+    ] = 3600.0,
+    allow_errors: Annotated[bool, typer.Option(
+        "--allow-errors", help="Exit 0 even when some rollouts ended in an error.")] = False,
     url: UrlOption = None,
 ) -> None:
-    """Evaluate HARNESS with MODEL on SUITE: one sandbox per task, graded in a fresh sandbox.
+    """Evaluate HARNESS with MODEL on SUITE: one trial per task (sandbox, harness, patch, grading in a fresh
+    sandbox).
 
-    Writes OUT/trajectories.jsonl (one graded trajectory per task) and OUT/results.json, prints a table.
-    Errors (model or sandbox failures) are shown apart and are not counted as attempts."""
+    Writes OUT/config.json, OUT/trajectories.jsonl (one graded trajectory per rollout), OUT/calls.jsonl
+    (every model call) and OUT/results.json, and prints a table. Errors (model, sandbox, grader failures,
+    timeouts) are shown apart and are not counted as attempts; re-running the same command resumes and runs
+    them again.
+
+    Exit status: 0 when every task has an agent outcome (resolved or failed); 1 when any rollout ended in
+    an error (unless --allow-errors); 2 for bad usage; 130 when interrupted."""
     if ctx.invoked_subcommand is not None:
         return
     missing = [name for name, value in (("--harness", harness), ("--model", model), ("--suite", suite)) if not value]
@@ -78,6 +90,7 @@ def eval_command(
              "(see `orchard eval --help`)", code=2)
     from orchard.core.harness import SamplingParams
     from orchard.eval.models import eval_gateway_config
+    from orchard.eval.run_config import TrialTimeouts
     from orchard.eval.runner import run_eval
 
     options = _harness_options(harness_option or [])
@@ -86,13 +99,14 @@ def eval_command(
     target = out_dir or Path("runs") / _slug(f"{harness}-{model}-{Path(suite).name}")
     listener = ProgressListener(f"{harness} × {model}")
     try:
+        timeouts = TrialTimeouts(trial_s=trial_timeout, agent_s=task_timeout)
         config = eval_gateway_config(model, api_base=api_base, api_key=api_key, config=gateway_config)
         with listener:
             results = asyncio.run(run_eval(
                 harness=harness, model=model, suite=suite, out_dir=target, gateway_config=config,
                 task_ids=_split(tasks), parallel=parallel, harness_options=options,
-                sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), task_timeout_s=task_timeout, orchard_url=url,
-                listener=listener))
+                sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), timeouts=timeouts,
+                orchard_url=url, listener=listener))
     except OrchardError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -101,6 +115,10 @@ def eval_command(
         raise typer.Exit(130) from None
     print_results(results)
     out.print(f"trajectories and results: {escape(str(target))}")
+    if results.summary.errors and not allow_errors:
+        err.print(f"[yellow]{results.summary.errors} task(s) ended in an error (not an attempt of the agent); run the "
+                  "same command again to retry them, or pass --allow-errors to exit 0 anyway[/]")
+        raise typer.Exit(1)
 
 
 @app.command("validate")
@@ -171,6 +189,9 @@ def print_results(results) -> None:
     console = out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=200, highlight=False)
     console.print(tasks_table(results))
     console.print(summary_line(results.summary))
+    for row in results.tasks:  # in full: the table's column is cut to fit
+        if row.status == "error":
+            console.print(Text(f"{row.task_id} [{row.exit_status}]: {row.error}", style="yellow"))
 
 
 def _harness_options(pairs: list[str]) -> dict[str, Any]:

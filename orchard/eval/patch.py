@@ -59,18 +59,39 @@ async def extract_patch(sandbox: Sandbox, workdir: str, base_tree: str) -> str:
     cannot be taken or is over PATCH_MAX_BYTES: the agent's doing (it removed the snapshot, filled the
     disk, made a gigantic change), which is its failed attempt."""
     patch_file = f"{SNAPSHOT_GIT_DIR}/agent.patch"
-    text_diff = f"{_GIT} diff --cached --binary --no-color --no-ext-diff {base_tree}"
     command = (_git_env(workdir) + f"test -d \"$GIT_DIR\" || {{ echo 'the base snapshot {SNAPSHOT_GIT_DIR} was "
-               f"removed'; exit 3; }}; {_stage_all()} && {text_diff} > {patch_file}")
+               f"removed'; exit 3; }}; {_stage_all()} && {_diff(base_tree)} > {patch_file}")
     data = await _run_diff(sandbox, workdir, command, patch_file)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        # Text that is not UTF-8 cannot be carried in a JSON string: diff every file as binary instead.
-        attributes = f"{SNAPSHOT_GIT_DIR}/binary-attributes"
-        command = (_git_env(workdir) + f"echo '* binary' > {attributes} && {_GIT} -c core.attributesFile="
-                   f"{attributes} diff --cached --binary --no-color --no-ext-diff {base_tree} > {patch_file}")
-        return (await _run_diff(sandbox, workdir, command, patch_file)).decode("ascii")
+        return await _with_non_utf8_as_binary(sandbox, workdir, base_tree, patch_file)
+
+
+def _diff(base_tree: str, *, all_binary: bool = False) -> str:
+    attributes = f" -c core.attributesFile={SNAPSHOT_GIT_DIR}/all-binary" if all_binary else ""
+    return f"{_GIT}{attributes} diff --cached --binary --no-color --no-ext-diff {base_tree}"
+
+
+async def _with_non_utf8_as_binary(sandbox: Sandbox, workdir: str, base_tree: str, patch_file: str) -> str:
+    """Text that is not UTF-8 cannot be carried in a JSON string: such files are diffed as git binary
+    patches, file by file, and every other file stays a readable text diff."""
+    names = await sandbox.exec(_git_env(workdir) + f"{_GIT} diff --cached --name-only -z {base_tree}", cwd=workdir,
+                               timeout=SNAPSHOT_TIMEOUT_S)
+    if names.exit_code != 0:
+        raise InvalidRequest(f"could not list the agent's changed files: {names.output.strip()[-500:]}")
+    parts = []
+    for path in filter(None, names.stdout.split("\0")):
+        pathspec = shlex.quote(f":(literal){path}")
+        command = _git_env(workdir) + f"{_diff(base_tree)} -- {pathspec} > {patch_file}"
+        data = await _run_diff(sandbox, workdir, command, patch_file)
+        try:
+            parts.append(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            command = (_git_env(workdir) + f"echo '* binary' > {SNAPSHOT_GIT_DIR}/all-binary && "
+                       f"{_diff(base_tree, all_binary=True)} -- {pathspec} > {patch_file}")
+            parts.append((await _run_diff(sandbox, workdir, command, patch_file)).decode("ascii"))
+    return "".join(parts)
 
 
 async def _run_diff(sandbox: Sandbox, workdir: str, command: str, patch_file: str) -> bytes:

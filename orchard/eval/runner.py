@@ -181,6 +181,7 @@ class _Run:
         if not pending:
             return self.results()
         finished = False
+        final: EvalResults | None = None
         gateway: LocalGateway | None = None
         try:
             # Every call is appended to calls.jsonl as it finishes: the per-turn checkpoint.
@@ -201,8 +202,9 @@ class _Run:
                 gateway.gateway.close()
             if not finished:
                 self._recover_interrupted()  # trials cut off by Ctrl-C: their steps so far, recorded now
-            write_results(self.out, self.results(interrupted=not finished))
-        return self.results()
+            final = self.results(interrupted=not finished)
+            write_results(self.out, final)
+        return final
 
     async def _trial(self, rig: TrialRig, task: Task, attempt: int) -> None:
         key = rollout_key(self.run_id, task.id, attempt)

@@ -29,6 +29,7 @@ from orchard.core.task import SWEBENCH_WORKDIR, SWEBenchInstance, Task, TaskEnvi
 from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite
 
 EVAL_DIR_ENV = "ORCHARD_EVAL_DIR"
+LOAD_ERROR_KEY = "orchard.load_error"  # Task.metadata: why the task cannot run (its trial is an error)
 REPOS_DIR = "repos"
 # Never part of a task repository (caches and an existing git directory).
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache"})
@@ -96,14 +97,20 @@ def load_local_swe_suite(directory: str | Path) -> TaskSuite:
 
 
 def local_swe_task(instance: SWEBenchInstance, repo_dir: Path) -> Task:
-    """A SWE-bench instance whose base repository is the directory `repo_dir` on this machine."""
-    if not repo_dir.is_dir():
-        raise InvalidRequest(f"task {instance.instance_id}: its repository {repo_dir} does not exist (a local SWE "
-                             f"suite keeps each task's base repository in {REPOS_DIR}/<instance_id>/)")
+    """A SWE-bench instance whose base repository is the directory `repo_dir` on this machine. A task whose
+    repository is missing or empty still loads, with the problem in `metadata` (LOAD_ERROR_KEY): running it
+    is an `environment_error` of that task alone, so it never blocks the rest of the suite."""
     task = Task.from_swebench(instance, image="host")
-    environment = TaskEnvironment(image="host", workdir=SWEBENCH_WORKDIR, files=repository_files(repo_dir),
-                                  setup=[BASE_COMMIT_SETUP])
-    return task.model_copy(update={"environment": environment})
+    files = repository_files(repo_dir) if repo_dir.is_dir() else []
+    problem = None
+    if not repo_dir.is_dir():
+        problem = (f"task {instance.instance_id}: its repository {repo_dir} does not exist (a local SWE suite keeps "
+                   f"each task's base repository in {REPOS_DIR}/<instance_id>/)")
+    elif not files:
+        problem = f"task {instance.instance_id}: its repository {repo_dir} is empty (no file to commit as the base)"
+    environment = TaskEnvironment(image="host", workdir=SWEBENCH_WORKDIR, files=files, setup=[BASE_COMMIT_SETUP])
+    metadata = {**task.metadata, LOAD_ERROR_KEY: problem} if problem else task.metadata
+    return task.model_copy(update={"environment": environment, "metadata": metadata})
 
 
 def repository_files(repo_dir: Path) -> list[TaskFile]:

@@ -12,13 +12,15 @@ STATUS_STYLE = {"resolved": "green", "failed": "red", "error": "yellow"}
 
 def tasks_table(results: EvalResults, *, error_width: int = 60) -> Table:
     table = Table(title=f"{results.label} — run {results.run_id}", title_justify="left")
-    for column, justify in (("task", "left"), ("status", "left"), ("attempt", "right"), ("steps", "right"),
+    for column, justify in (("task", "left"), ("status", "left"), ("exit status", "left"), ("attempt", "right"),
+                            ("steps", "right"),
                             ("LLM calls", "right"), ("tokens", "right"), ("cost $", "right"),
                             ("wall s", "right"), ("CPU s", "right"), ("error", "left")):
         table.add_column(column, justify=justify, overflow="fold")
     for row in results.tasks:
         tokens = (row.prompt_tokens or 0) + (row.completion_tokens or 0)
-        table.add_row(row.task_id, Text(row.status, style=STATUS_STYLE[row.status]), str(row.attempt),
+        table.add_row(row.task_id, Text(row.status, style=STATUS_STYLE[row.status]),
+                      (row.exit_status or "-") + (" (partial)" if row.partial else ""), str(row.attempt),
                       str(row.steps), str(row.n_llm_calls), f"{tokens:,}" if tokens else "-",
                       f"{row.cost_usd:.4f}" if row.cost_usd is not None else "-",
                       _seconds(row.wall_time_s), _seconds(row.sandbox_cpu_s, digits=2),
@@ -34,6 +36,9 @@ def summary_line(summary: EvalSummary) -> Text:
     text.append(f", errors {summary.errors} (not counted as attempts)", style="yellow")
     if summary.pending:
         text.append(f", not run {summary.pending}", style="dim")
+    if summary.by_exit_status:
+        text.append("; ended by " + ", ".join(f"{status} {count}" for status, count in summary.by_exit_status.items()))
+    text.append(f"; {summary.wall_time_s:.1f} s")
     text.append(f"; {summary.total_tokens:,} tokens")
     if summary.cost_usd is not None:
         text.append(f", ${summary.cost_usd:.4f}")

@@ -69,8 +69,9 @@ async def sandbox_cpu_seconds(sandbox: AgentSandbox) -> float | None:
     """CPU seconds (user + system) used so far by every process in the sandbox's pid namespace: for each
     live process its own time plus that of the children it has reaped (`/proc/PID/stat` fields 14-17),
     which counts every process that ever ran there exactly once. It includes the in-sandbox agent. The
-    kernel reports these in clock ticks (10 ms), so a difference of two readings is exact to a tick: a few
-    milliseconds of work may read as 0.0. None when /proc cannot be read (a backend without a pid
+    kernel reports these in clock ticks (10 ms), and a reading is a snapshot, not atomic: a process reaped
+    by its parent while the files are read can be missed (or counted twice), by up to its own CPU time. So
+    the difference of two readings is approximate: a few ticks of work may read as 0.0. None when /proc cannot be read (a backend without a pid
     namespace would report the whole host)."""
     result = await sandbox.exec(["/bin/sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null"], timeout=30)
     ticks = 0

@@ -45,13 +45,13 @@ from orchard.eval.partial import trajectory_from_calls
 from orchard.eval.patch import extract_patch, snapshot_base
 from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.step_links import link_steps_to_calls
+from orchard.eval.suites import LOAD_ERROR_KEY
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.client import AsyncOrchard
 
 log = logging.getLogger(__name__)
 
-LOAD_ERROR_KEY = "orchard.load_error"  # Task.metadata: why the task could not be loaded (its trial errs)
 _T = TypeVar("_T")
 
 
