@@ -75,7 +75,7 @@ def test_what_a_create_leaves_before_its_first_record_is_removed_at_startup(tmp_
     backend._ensure_run_base()
     paths.sandbox_dir.mkdir(parents=True)
     (paths.sandbox_dir / "rw" / "workspace").mkdir(parents=True)
-    paths.shared_dir.mkdir(parents=True)
+    paths.run_dir.mkdir(parents=True)
     made_groups = cgroups.create_cgroups(backend._key(sandbox_id), SandboxSpec(memory_mb=64))
     now = time.time()
     info = SandboxInfo(id=sandbox_id, state="creating", spec=SandboxSpec(), backend="local", token="t",

@@ -251,11 +251,34 @@ class UnixAgentServer(_AgentServerBase):
             pass
 
 
+class InheritedAgentServer(_AgentServerBase):
+    """A server on a listening socket the agent was started with (fd N): the local backend binds the
+    socket outside the sandbox, where the sandbox cannot reach, swap or fill the directory it lies in."""
+
+    def __init__(self, fd: int, context):
+        sock = socket.socket(fileno=fd)
+        if sock.type != socket.SOCK_STREAM:
+            raise ValueError("fd %d is not a stream socket" % fd)
+        self.address_family = sock.family
+        self.context = context
+        # TCPServer.__init__ would make and bind a socket of its own: only the base part is wanted.
+        socketserver.BaseServer.__init__(self, sock.getsockname(), AgentHandler)
+        self.socket = sock
+        self.fd = fd
+
+    @property
+    def address_text(self) -> str:
+        return "fd:%d" % self.fd
+
+
 def make_server(listen: str, context):
-    """A server for `unix:PATH` or `tcp:HOST:PORT` (port 0 picks a free one)."""
+    """A server for `unix:PATH`, `tcp:HOST:PORT` (port 0 picks a free one) or `fd:N` (an inherited
+    socket that is already listening)."""
     kind, _, rest = listen.partition(":")
     if kind == "unix" and rest:
         server = UnixAgentServer(os.path.abspath(rest), context)
+    elif kind == "fd" and rest.isdigit():
+        server = InheritedAgentServer(int(rest), context)
     elif kind == "tcp" and ":" in rest:
         host, _, port = rest.rpartition(":")
         try:
@@ -264,6 +287,6 @@ def make_server(listen: str, context):
             raise ValueError("bad port %r in --listen %s" % (port, listen))
         server = TCPAgentServer(host.strip("[]") or "0.0.0.0", port_number, context)
     else:
-        raise ValueError("--listen must be unix:PATH or tcp:HOST:PORT, not %r" % listen)
+        raise ValueError("--listen must be unix:PATH, tcp:HOST:PORT or fd:N, not %r" % listen)
     context.sessions = sessions.SessionRegistry(context)
     return server

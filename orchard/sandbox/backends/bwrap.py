@@ -10,10 +10,14 @@ What the arguments do:
   directories, so nothing can be created on the host (a plain `--ro-bind / /` makes bwrap mkdir mount
   points on the host's real root); image = rootfs directory: an overlay whose upper layer is private to
   the sandbox, so the shared rootfs is never written;
-- fresh /dev, /proc, /tmp and /run; Orchard's own state directories (the home with every sandbox's
-  workspace and the state db) covered by empty tmpfs mounts, so one sandbox never sees another's files;
-- the agent bundle read-only at /.orchard; the `shared` part of the
-  sandbox's run directory (the agent's socket, the token) at /.orchard/run.
+- fresh /dev (read-only but for its devices and a size-limited /dev/shm) and /proc; /tmp and /run (image
+  `host`) are directories of the writable layer, so they count against `disk_mb` like the workspace;
+  Orchard's own state directories (the home with every sandbox's workspace and the state db) covered by
+  empty tmpfs mounts, so one sandbox never sees another's files;
+- the agent bundle read-only at /.orchard, and at /.orchard/run a tiny read-only tmpfs holding only the
+  token. The agent's socket is not in the sandbox at all: it is bound on the host and handed to the agent
+  as an open file descriptor (`--listen fd:N`), so nothing the sandbox can write lies outside its
+  writable layer, and the sandbox cannot swap the socket its clients connect to.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
 RUN_MOUNT_POINT = f"{DEFAULT_MOUNT_POINT}/run"
 SOCKET_NAME = "agent.sock"
 TOKEN_NAME = "token"
+# /dev/shm is a tmpfs, i.e. memory: this size, or a quarter of memory_mb when that is less (a full
+# /dev/shm cannot be reclaimed by killing processes, so it must leave room for the rest of the sandbox).
+DEFAULT_SHM_MB = 64
+RUN_TMPFS_BYTES = 64 << 10  # /.orchard/run: the token and nothing else
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RESERVED_PATHS = ("/proc", "/dev", DEFAULT_MOUNT_POINT)
 # Host top-level entries a sandbox gets fresh instead of bound (/run holds the host's service sockets,
@@ -58,21 +66,12 @@ def find_bwrap() -> str:
 
 
 class SandboxPaths(BaseModel):
-    """Host paths of one sandbox. `writable_dir` holds the workspace (image `host`) or the overlay's
-    upper/work dirs (rootfs images); with `disk_mb` it is a size-limited tmpfs mounted there in the
-    sandbox's private mount namespace only."""
+    """Host paths of one sandbox. `writable_dir` holds the workspace, /tmp and /run (image `host`) or the
+    overlay's upper/work dirs (rootfs images); with `disk_mb` it is a size-limited tmpfs mounted there in
+    the sandbox's private mount namespace only."""
 
     sandbox_dir: Path
     run_dir: Path  # short (socket paths are limited to 108 bytes), host-only
-
-    @property
-    def shared_dir(self) -> Path:
-        """Bound read-write into the sandbox: the agent binds its socket here."""
-        return self.run_dir / "shared"
-
-    @property
-    def agent_socket(self) -> Path:
-        return self.shared_dir / SOCKET_NAME
 
     @property
     def writable_dir(self) -> Path:
@@ -80,13 +79,9 @@ class SandboxPaths(BaseModel):
 
     @property
     def socket(self) -> Path:
-        """What clients connect to: a hard link to the agent's socket, out of the sandbox's reach (the
-        sandbox could swap the one it can write for a symlink to some host socket)."""
+        """What clients connect to: the agent's listening socket, bound here by the backend and handed to
+        the agent as a file descriptor. The sandbox never sees this directory."""
         return self.run_dir / SOCKET_NAME
-
-    @property
-    def token_file(self) -> Path:
-        return self.shared_dir / TOKEN_NAME
 
     @property
     def meta_file(self) -> Path:
@@ -158,6 +153,10 @@ def sandbox_env(spec: SandboxSpec, rootfs: Path | None, agent_env: dict[str, str
     return env
 
 
+def shm_mb(spec: SandboxSpec) -> int:
+    return max(1, min(DEFAULT_SHM_MB, spec.memory_mb // 4)) if spec.memory_mb else DEFAULT_SHM_MB
+
+
 def _host_root_args(hidden: Sequence[Path]) -> list[str]:
     args = ["--tmpfs", "/"]
     for entry in sorted(os.scandir("/"), key=lambda e: e.name):
@@ -168,13 +167,15 @@ def _host_root_args(hidden: Sequence[Path]) -> list[str]:
             args += ["--symlink", os.readlink(entry.path), dest]
         elif entry.is_dir() or entry.is_file():
             args += ["--ro-bind", entry.path, dest]
-    args += ["--tmpfs", "/run"]
     # Orchard's own state (other sandboxes' workspaces, tokens in the state db, a dev cluster's sockets)
     # must not show through the host root: cover each such directory with an empty tmpfs.
     for path in hidden:
+        if any(other in path.parents for other in hidden):
+            continue  # under another covered directory: hidden with it
         top = path.parts[1] if len(path.parts) > 1 else ""
         if top and top not in HOST_ENTRIES_REPLACED and path.is_dir():
-            args += ["--tmpfs", str(path)]
+            # read-only: `--remount-ro /` does not reach submounts, and a writable tmpfs is host memory
+            args += ["--size", "4096", "--tmpfs", str(path), "--remount-ro", str(path)]
     return args
 
 
@@ -188,9 +189,11 @@ def _orchard_env_args() -> list[str]:
 
 
 def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bundle_dir: Path,
-               hostname: str, env: dict[str, str], info_fd: int, hidden: Sequence[Path] = ()) -> list[str]:
+               hostname: str, env: dict[str, str], info_fd: int, token_fd: int,
+               hidden: Sequence[Path] = ()) -> list[str]:
     """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
-    command line; the command itself must follow on the real command line."""
+    command line; the command itself must follow on the real command line. `token_fd` is read by bwrap
+    into /.orchard/run/token."""
     args = ["--unshare-all"]
     if spec.network.mode == "open":
         args.append("--share-net")
@@ -200,16 +203,22 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
         args += _host_root_args(hidden)
     else:
         args += ["--overlay-src", str(rootfs), "--overlay", str(rw / "upper"), str(rw / "work"), "/"]
-    args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    # /dev/shm is memory: always size-limited, even when no memory cgroup would account for it.
+    args += ["--dev", "/dev", "--size", str(shm_mb(spec) << 20), "--perms", "01777", "--tmpfs", "/dev/shm",
+             "--proc", "/proc"]
     if rootfs is None:
+        # /tmp and /run on the writable layer: within disk_mb, never in the host's memory.
+        args += ["--bind", str(rw / "tmp"), "/tmp", "--bind", str(rw / "run"), "/run"]
         args += _orchard_env_args()
         args += ["--bind", str(rw / "workspace"), spec.workdir]
     else:
-        args += ["--dir", spec.workdir]
+        args += ["--perms", "01777", "--dir", "/tmp", "--dir", spec.workdir]
         if spec.network.mode == "open" and Path("/etc/resolv.conf").exists():
             args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-    args += ["--ro-bind", str(bundle_dir), DEFAULT_MOUNT_POINT, "--bind", str(paths.shared_dir),
-             RUN_MOUNT_POINT]
+    args += ["--ro-bind", str(bundle_dir), DEFAULT_MOUNT_POINT,
+             "--size", str(RUN_TMPFS_BYTES), "--perms", "0755", "--tmpfs", RUN_MOUNT_POINT,
+             "--perms", "0400", "--ro-bind-data", str(token_fd), f"{RUN_MOUNT_POINT}/{TOKEN_NAME}",
+             "--remount-ro", RUN_MOUNT_POINT, "--remount-ro", "/dev"]
     if rootfs is None:
         args += ["--remount-ro", "/"]
     args += ["--chdir", spec.workdir, "--clearenv"]

@@ -3,8 +3,9 @@
 Per sandbox:
 - `<root_dir>/<id>/`: `meta.json` (how to find it again), `agent.log` (the agent's stderr) and `rw/`,
   the writable layer (workspace for image `host`, overlay upper/work dirs for a rootfs image);
-- `<tmp>/orchard-run-<uid>/<key>/`: a short directory bound at /.orchard/run inside, holding the agent's
-  Unix socket (`agent_url` = `unix://<path>`) and the token file (never on a command line);
+- `<tmp>/orchard-run-<uid>/<key>/`: a short host-only directory holding the agent's Unix socket
+  (`agent_url` = `unix://<path>`), bound and listening before the sandbox starts and handed to the agent
+  as a file descriptor; the token reaches the agent through a memory file (never a command line);
 - cgroups `orchard/<key>` (memory, pids, cpu) beneath this process's own, or rlimits when those cannot
   be written.
 Sandboxes outlive the process that made them (no --die-with-parent) so a restarted orchestrator can
@@ -20,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -30,9 +32,8 @@ from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import cgroups
 from orchard.sandbox.backends.base import BackendSandbox
-from orchard.sandbox.backends.bwrap import (RUN_MOUNT_POINT, SOCKET_NAME, SandboxPaths, bwrap_args,
-                                            find_bwrap, sandbox_env, validate_disk, validate_image,
-                                            validate_network)
+from orchard.sandbox.backends.bwrap import (SandboxPaths, bwrap_args, find_bwrap, sandbox_env,
+                                            validate_disk, validate_image, validate_network)
 from orchard.sandbox.backends.local_launch import (check_health, launch_argv, read_info, spawn,
                                                    wait_ready_line, writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
@@ -150,17 +151,23 @@ class LocalBackend:
         handle = LocalHandle(pid=0, pid_start=0, sandbox_dir=str(paths.sandbox_dir),
                              run_dir=str(paths.run_dir), socket=str(paths.socket))
         agent_url = f"unix://{paths.socket}"
+        listener: socket.socket | None = None
         try:
             _rmtree(paths.run_dir)  # a leftover of a crashed earlier sandbox of this id: the id is ours now
             paths.run_dir.mkdir(mode=0o700)
-            paths.shared_dir.mkdir(mode=0o700)
-            fd = os.open(paths.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token)
+            # The agent's socket is bound here, where only the host can reach: the sandbox gets the open
+            # listening socket, never a directory it could fill or a path it could swap.
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(paths.socket))
+            listener.listen(128)
             paths.writable_dir.mkdir()
             if not spec.disk_mb:  # else they are made on the tmpfs, inside the sandbox's mount namespace
-                for sub in writable_subdirs(rootfs):
+                plain, sticky = writable_subdirs(rootfs)
+                for sub in plain:
                     (paths.writable_dir / sub).mkdir()
+                for sub in sticky:
+                    (paths.writable_dir / sub).mkdir()
+                    os.chmod(paths.writable_dir / sub, 0o1777)
             cg = cgroups.create_cgroups(self._key(sandbox_id), spec)
             handle.cgroups = cg.paths if cg else []
             require_enforceable(spec, cg)  # no limit silently weaker than asked
@@ -168,13 +175,13 @@ class LocalBackend:
             # clean up after a crash at any point (the cgroups hold every process of the sandbox).
             write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
 
-            agent_argv = bundle.launch_argv(listen=f"unix:{RUN_MOUNT_POINT}/{SOCKET_NAME}",
-                                            workdir=spec.workdir)
+            agent_argv = bundle.launch_argv(listen=f"fd:{listener.fileno()}", workdir=spec.workdir)
             proc, info_r = spawn(
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg),
-                lambda info_fd: bwrap_args(spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd,
-                                           hidden=self._hidden_paths()),
-                paths)
+                lambda info_fd, token_fd: bwrap_args(spec, rootfs, paths, bundle.path, sandbox_id[:63], env,
+                                                     info_fd, token_fd, hidden=self._hidden_paths()),
+                paths, token, listener.fileno())
+            listener.close()  # the agent has it now
             self._children[sandbox_id] = proc
             handle.pid, handle.pid_start = proc.pid, process_start_time(proc.pid) or 0
             # At once: a crash from here on leaves a process that only this record leads back to.
@@ -190,10 +197,11 @@ class LocalBackend:
                 await wait_ready_line(proc, self.ready_timeout_s)
             except TimeoutError:
                 raise BackendError(f"the agent did not start within {self.ready_timeout_s:g} s") from None
-            _publish_socket(paths)
             await check_health(paths.socket, HEALTH_TIMEOUT_S)
             return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=handle.model_dump())
         except BaseException as e:
+            if listener is not None:
+                listener.close()
             agent_log = _tail(paths.log_file)
             self._destroy(sandbox_id, handle)
             if isinstance(e, (BackendError, OSError)):
@@ -305,14 +313,6 @@ def _handle_of(sandbox: BackendSandbox) -> LocalHandle | None:
         return LocalHandle.model_validate(sandbox.handle)
     except ValueError:
         return None
-
-
-def _publish_socket(paths: SandboxPaths) -> None:
-    """Hard-link the agent's socket where only the host can write; checked after linking, since the
-    sandbox may race to put something else in its place."""
-    os.link(paths.agent_socket, paths.socket, follow_symlinks=False)
-    if not stat.S_ISSOCK(os.lstat(paths.socket).st_mode):
-        raise BackendError(f"{paths.agent_socket} is not the agent's socket")
 
 
 def _kill(pid: int | None) -> None:

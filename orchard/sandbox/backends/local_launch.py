@@ -28,14 +28,21 @@ log = logging.getLogger(__name__)
 # The agent's /health answer is a few dozen bytes; anything past this is not the agent.
 MAX_HEALTH_RESPONSE = 1 << 16
 HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-# Runs in the private mount namespace: $1 size in MiB, $2 the dir to mount on, $3 the subdirectories to
-# create there (space separated), then the command.
-DISK_SCRIPT = ('mount -t tmpfs -o "size=${1}m,mode=0755" orchard-disk "$2" && cd "$2" && mkdir $3 '
-               '&& cd / && shift 3 && exec "$@"')
+# Runs in the private mount namespace: $1 size in MiB, $2 the most inodes, $3 the dir to mount on, $4 and
+# $5 the subdirectories to create there (space separated; $5 the sticky, world-writable ones like /tmp),
+# then the command.
+DISK_SCRIPT = ('mount -t tmpfs -o "size=${1}m,nr_inodes=$2,mode=0755" orchard-disk "$3" && cd "$3" '
+               '&& mkdir $4 && ${5:+mkdir -m 1777 $5} && cd / && shift 5 && exec "$@"')
+# Files the disk tmpfs may hold per MiB: inodes are kernel memory that `size=` does not count.
+INODES_PER_MB = 256
+MIN_INODES = 4096
 
 
-def writable_subdirs(rootfs: Path | None) -> list[str]:
-    return ["upper", "work"] if rootfs is not None else ["workspace"]
+def writable_subdirs(rootfs: Path | None) -> tuple[list[str], list[str]]:
+    """The writable layer's directories, (plain, sticky 1777): the overlay's (rootfs images), else the
+    workspace and the sandbox's /tmp and /run (image `host`), so that every byte the sandbox writes is
+    inside it."""
+    return (["upper", "work"], []) if rootfs is not None else (["workspace"], ["tmp", "run"])
 
 
 def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSpec, rootfs: Path | None,
@@ -59,29 +66,41 @@ def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSp
             raise BackendError("disk_mb on the local backend needs `unshare` (util-linux); install it or "
                                "leave disk_mb unset")
         command = [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", DISK_SCRIPT,
-                   "orchard-disk", str(spec.disk_mb), str(paths.writable_dir),
-                   " ".join(writable_subdirs(rootfs)), *command]
+                   "orchard-disk", str(spec.disk_mb), str(max(MIN_INODES, spec.disk_mb * INODES_PER_MB)),
+                   str(paths.writable_dir), *(" ".join(d) for d in writable_subdirs(rootfs)), *command]
     return ["/bin/sh", "-c", "\n".join(lines), "orchard-sandbox", *command]
 
 
-def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int], list[str]],
-          paths: SandboxPaths) -> tuple[subprocess.Popen, int]:
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)  # the child shares this offset: bwrap must read from the start
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int, int], list[str]],
+          paths: SandboxPaths, token: str, listen_fd: int) -> tuple[subprocess.Popen, int]:
     """Start the sandbox; returns the process (bwrap's monitor once the shell has exec'd) and the read
-    end of bwrap's info pipe. The makers get the fd numbers (bwrap's arguments, info pipe) the child will
-    see. The arguments are handed over in an anonymous memory file: nothing to create, reopen and unlink."""
+    end of bwrap's info pipe. The makers get the fd numbers (bwrap's arguments; info pipe and token) the
+    child will see. Arguments and token are handed over in anonymous memory files: nothing to create,
+    reopen and unlink. `listen_fd` (the agent's listening socket) is passed on at its own number."""
     info_r, info_w = os.pipe()
     child_fds = [info_w]
     try:
-        args_fd = os.memfd_create("orchard-bwrap-args")
+        token_fd = _memfd("orchard-token", token.encode())
+        child_fds.append(token_fd)
+        args_fd = _memfd("orchard-bwrap-args",
+                         b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w, token_fd)))
         child_fds.append(args_fd)
-        with open(args_fd, "wb", closefd=False) as f:
-            f.write(b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w)))
-        os.lseek(args_fd, 0, os.SEEK_SET)  # the child shares this offset: bwrap must read from the start
         log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         child_fds.append(log_fd)
         proc = subprocess.Popen(make_argv(args_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=log_fd, pass_fds=(args_fd, info_w), start_new_session=True,
-                                env=HOST_ENV)
+                                stderr=log_fd, pass_fds=(args_fd, info_w, token_fd, listen_fd),
+                                start_new_session=True, env=HOST_ENV)
     except BaseException as e:
         os.close(info_r)
         if isinstance(e, OSError):

@@ -1,0 +1,135 @@
+"""Attacks on the local (bubblewrap) backend's isolation, each performed from inside a real sandbox.
+
+Every test starts real sandboxes (bwrap, namespaces, cgroups, the bundled agent), runs the attack as the
+sandbox's workload through the agent, and asserts that it failed and that the sandbox is still usable."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.agent_client import AgentSandbox
+from orchard.sandbox.backends.local import LocalBackend
+from orchard.sandbox.bundle import ensure_agent_bundle
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def bundle_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("bundle-cache")
+    ensure_agent_bundle(cache)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def busybox_rootfs(tmp_path_factory) -> Path:
+    """A rootfs with a static busybox and its applets: no Python, no libc."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.fail("busybox is needed for the rootfs tests: run scripts/setup-system.sh")
+    root = tmp_path_factory.mktemp("busybox-rootfs")
+    (root / "bin").mkdir()
+    shutil.copy2(busybox, root / "bin" / "busybox")
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (root / "bin" / applet).symlink_to("busybox")
+    return root
+
+
+@pytest.fixture
+async def backend(tmp_path, bundle_cache):
+    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache)
+    yield b
+    for sb in await b.list_live():
+        await b.delete(sb)
+    await b.close()
+
+
+@contextlib.asynccontextmanager
+async def running(backend: LocalBackend, spec: SandboxSpec | None = None):
+    spec = spec or SandboxSpec()
+    sandbox_id = f"s{secrets.token_hex(5)}"
+    token = secrets.token_hex(16)
+    sb = await backend.create(sandbox_id, spec, token)
+    agent = AgentSandbox(sandbox_id, sb.agent_url, token, workdir=spec.workdir)
+    try:
+        yield sb, agent
+    finally:
+        await agent.close()
+        await backend.delete(sb)
+    assert not Path(sb.handle["sandbox_dir"]).exists() and not Path(sb.handle["run_dir"]).exists()
+
+
+def host_bytes(path: Path) -> int:
+    """Bytes stored under `path` on the host, as the host sees it (not mounts private to a sandbox)."""
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+# What a workload tries: fill every place it might write, 200 MiB each, and report how much each took.
+FILL = ("for d in {places}; do dd if=/dev/zero of=$d/fill bs=1M count=200 2>/dev/null; "
+        "echo \"$d $(stat -c %s $d/fill 2>/dev/null || echo 0)\"; done")
+
+
+async def fill(agent: AgentSandbox, places: list[str]) -> dict[str, int]:
+    r = await agent.exec(FILL.format(places=" ".join(places)), timeout=120)
+    written = {}
+    for line in r.stdout.splitlines():
+        place, size = line.split()
+        written[place] = int(size)
+    assert set(written) == set(places), r.stdout + r.stderr
+    return written
+
+
+# ---- item 3 of the issue: nothing the workload writes sits outside its disk quota --------------------------
+
+@pytest.mark.parametrize("image", ["host", "rootfs"])
+async def test_disk_quota_covers_every_writable_place(backend, busybox_rootfs, image):
+    spec = SandboxSpec(disk_mb=16, image="host" if image == "host" else str(busybox_rootfs))
+    places = [spec.workdir, "/tmp", "/run", "/.orchard/run", "/.orchard", "/dev", "/var/tmp", "/"]
+    async with running(backend, spec) as (sb, agent):
+        written = await fill(agent, places)
+        on_disk = {p: n for p, n in written.items() if p not in ("/dev",)}
+        # Everything that could be written at all went to the 16 MiB writable layer, all places together.
+        assert sum(on_disk.values()) <= 16 * MIB, written
+        assert written["/.orchard/run"] == written["/.orchard"] == written["/dev"] == 0, written
+        # The host's disk holds none of it: the quota'd layer is a tmpfs private to the sandbox.
+        assert host_bytes(Path(sb.handle["sandbox_dir"])) < MIB
+        assert host_bytes(Path(sb.handle["run_dir"])) < MIB
+        assert (await agent.exec("rm -f /tmp/fill ./fill /run/fill /fill; echo ok")).stdout == "ok\n"
+
+
+async def test_memory_backed_mounts_are_bounded(backend):
+    """/dev/shm is a tmpfs, i.e. host memory: it is size-limited even without a memory cgroup (64 MiB, or a
+    quarter of memory_mb), and /tmp and /run are not memory at all but the writable layer."""
+    async with running(backend, SandboxSpec(memory_mb=96)) as (_, agent):
+        written = await fill(agent, ["/dev/shm"])
+        assert written["/dev/shm"] <= 24 * MIB
+        types = (await agent.exec("stat -f -c %T /tmp /run /dev/shm")).stdout.split()
+        assert types[:2] != ["tmpfs", "tmpfs"] and types[2] == "tmpfs"
+    async with running(backend) as (_, agent):
+        assert (await fill(agent, ["/dev/shm"]))["/dev/shm"] <= 64 * MIB
+        assert (await agent.exec("echo still-usable")).stdout == "still-usable\n"
+
+
+async def test_the_agent_socket_is_out_of_the_sandboxs_reach(backend, tmp_path):
+    """The socket clients connect to is bound on the host and handed to the agent as a descriptor: the
+    sandbox has no path to it, so it can neither fill its directory nor swap it for another socket."""
+    async with running(backend) as (sb, agent):
+        r = await agent.exec("ls -A /.orchard/run; ln -s /tmp/x /.orchard/run/agent.sock || echo refused")
+        assert r.stdout.split() == ["token", "refused"]
+        assert sorted(os.listdir(sb.handle["run_dir"])) == ["agent.sock"]
+        assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
