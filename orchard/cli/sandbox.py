@@ -164,11 +164,16 @@ def cp(
     dst: Annotated[str, typer.Argument(metavar="DST", help="Local path or ID:path; ending in / means 'into this directory'.")],
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
+    max_bytes: Annotated[int, typer.Option(
+        "--max-bytes", min=0, help="Most bytes a copy out of a sandbox may write here; a larger one is stopped "
+                                   "and nothing is kept.")] = 1 << 30,  # the SDK's DOWNLOAD_MAX_BYTES
 ) -> None:
     """Copy a file or directory into or out of a sandbox. Exactly one side is ID:path.
 
     DST names the copy itself (`cp dir ID:/workspace/dir`), unless it ends with / (`cp f.txt ID:/tmp/`).
-    Relative sandbox paths are under the sandbox's workdir; write ./a:b for a local name containing ':'."""
+    Relative sandbox paths are under the sandbox's workdir; write ./a:b for a local name containing ':'.
+    A copy out of a sandbox writes at most --max-bytes (1 GiB), plain data only: setuid/setgid bits are
+    dropped, owners are not applied, device nodes and FIFOs are refused."""
     (src_id, src_path), (dst_id, dst_path) = split_sandbox_path(src), split_sandbox_path(dst)
     if (src_id is None) == (dst_id is None):
         fail("exactly one of SRC and DST must be a sandbox path ID:path, e.g. "
@@ -182,7 +187,7 @@ def cp(
             if dst_id is not None:
                 await sandbox.upload(src_path, dst_path)
             else:
-                await sandbox.download(src_path, dst_path)
+                await sandbox.download(src_path, dst_path, max_bytes=max_bytes)
 
     run(url, api_key, action)
 

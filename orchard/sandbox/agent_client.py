@@ -32,6 +32,10 @@ _CONNECT_TIMEOUT_S = 10.0
 _WRITE_TIMEOUT_S = 60.0
 _READ_TIMEOUT_S = 120.0  # files, stat, sessions without a timeout of their own
 _TIMEOUT_MARGIN_S = 30.0  # on top of a command's own timeout: the agent kills and answers within it
+# Caps on what a sandbox can make this process hold or write (a sandbox is untrusted: a 3 GB sparse file
+# costs it nothing). Callers raise them per call with `max_bytes`.
+READ_FILE_MAX_BYTES = 64 << 20  # read_file: bytes held in memory
+DOWNLOAD_MAX_BYTES = 1 << 30  # download: bytes received and written to disk
 _ERROR_BY_STATUS: dict[int, type[OrchardError]] = {
     400: InvalidRequest, 401: AuthError, 404: NotFound, 408: ExecTimeout, 413: PayloadTooLarge}
 
@@ -179,8 +183,19 @@ class AgentSandbox:
 
     # -- files ------------------------------------------------------------------------------------------
 
-    async def read_file(self, path: str) -> bytes:
-        return (await self._call("GET", "/files", params={"path": path})).content
+    async def read_file(self, path: str, *, max_bytes: int = READ_FILE_MAX_BYTES) -> bytes:
+        """The contents of a file in the sandbox, at most `max_bytes` (default 64 MiB) of them: a larger file
+        raises `PayloadTooLarge` (the agent refuses it before sending, naming its size). The cap is also
+        enforced on the bytes as they arrive, so an agent that ignores it still cannot make this process
+        hold more. For big files use `download` (streamed to disk) or read a part with `exec`."""
+        _check_max_bytes(max_bytes)
+        resp = await self._send(self._client.build_request(
+            "GET", "/files", params={"path": path, "max_bytes": str(max_bytes)}), stream=True)
+        try:
+            async with contextlib.aclosing(self._capped_body(resp, max_bytes, f"{path} (read_file)")) as body:
+                return b"".join([chunk async for chunk in body])
+        finally:
+            await resp.aclose()
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         """Write atomically (readers never see half a file); parent directories are created."""
@@ -225,22 +240,37 @@ class AgentSandbox:
         else:
             raise InvalidRequest(f"cannot upload {local}: it is neither a regular file nor a directory")
 
-    async def download(self, remote_path: str, local_path: str | Path) -> None:
+    async def download(self, remote_path: str, local_path: str | Path, *,
+                       max_bytes: int = DOWNLOAD_MAX_BYTES) -> None:
         """Copy a remote file or directory tree to `local_path`, streamed, never leaving a half-written
         result: a file is renamed into place when complete; a tree is extracted beside it, then moved in
-        (merged into an existing directory)."""
+        (merged into an existing directory).
+
+        At most `max_bytes` (default 1 GiB) of file data are written: a file whose size is over it is
+        refused before anything is written; a transfer that goes past it (more bytes than announced; in a
+        tree, files adding up to more, sparse ones at their full size, refused as each header arrives; or a
+        tar stream over twice the cap plus 1 MiB, the allowance for tar headers) is stopped and its partial
+        output removed. Either way it raises `PayloadTooLarge` and `local_path` is left as it was. What
+        lands here is plain data: setuid/setgid/sticky bits and group/other write are dropped, owners are
+        never applied, device nodes and FIFOs are refused (`InvalidRequest`), and no member or link may
+        reach outside `local_path`."""
+        _check_max_bytes(max_bytes)
         info = await self.stat(remote_path)
         local = Path(local_path)
+        if not info.is_dir and info.size > max_bytes:
+            raise PayloadTooLarge(f"cannot download {remote_path} from sandbox {self.id}: it is {info.size} "
+                                  f"bytes, over max_bytes={max_bytes}; pass a larger max_bytes if you mean "
+                                  "to copy it. Nothing was written.")
         local.parent.mkdir(parents=True, exist_ok=True)
         if info.is_dir:
             if local.exists() and not local.is_dir():
                 raise InvalidRequest(f"cannot download directory {remote_path} to {local}: that is a file")
-            await self._download_tree(remote_path, local, info.mode & 0o777)
+            await self._download_tree(remote_path, local, info.mode & 0o777, max_bytes)
         else:
             if local.is_dir():
                 raise InvalidRequest(f"cannot download file {remote_path} to {local}: that is a directory; "
                                      "pass the full destination file path")
-            await self._download_file(remote_path, local, info.mode & 0o777)
+            await self._download_file(remote_path, local, info.mode & 0o777, max_bytes)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -331,44 +361,91 @@ class AgentSandbox:
     def _file_params(path: str, mode: int | None) -> dict[str, str]:
         return {"path": path} if mode is None else {"path": path, "mode": f"{mode:04o}"}
 
-    async def _download_file(self, remote_path: str, local: Path, mode: int) -> None:
+    async def _capped_body(self, resp: httpx.Response, max_bytes: int, what: str) -> AsyncIterator[bytes]:
+        """The raw body of a streamed response, raising `PayloadTooLarge` as soon as it passes `max_bytes`
+        (a declared Content-Length over it fails before any is read). Raw: the agent never compresses, and
+        decoding a compressed body could turn one small chunk into gigabytes."""
+        declared = resp.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise self._over_cap(what, max_bytes, f"its agent announced {declared} bytes")
+        if resp.headers.get("Content-Encoding", "identity").lower() != "identity":
+            raise OrchardError(f"the agent of sandbox {self.id} sent {what} with Content-Encoding "
+                               f"{resp.headers['Content-Encoding']!r}, which the agent protocol never uses; "
+                               "nothing was kept")
+        received = 0
+        with self._lost_on_transport_error():
+            async for chunk in resp.aiter_raw(tar_stream.CHUNK):
+                received += len(chunk)
+                if received > max_bytes:
+                    raise self._over_cap(what, max_bytes, "more arrived")
+                yield chunk
+
+    def _over_cap(self, what: str, max_bytes: int, detail: str) -> PayloadTooLarge:
+        return PayloadTooLarge(f"{what} from sandbox {self.id} is over max_bytes={max_bytes} ({detail}); the "
+                               "transfer was stopped and nothing was kept. Pass a larger max_bytes if you mean "
+                               "to copy that much.")
+
+    async def _download_file(self, remote_path: str, local: Path, mode: int, max_bytes: int) -> None:
         fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".part")
         try:
             with os.fdopen(fd, "wb") as sink:
-                resp = await self._send(self._client.build_request("GET", "/files", params={"path": remote_path}),
-                                        stream=True)
+                resp = await self._send(self._client.build_request(
+                    "GET", "/files", params={"path": remote_path, "max_bytes": str(max_bytes)}), stream=True)
                 try:
-                    with self._lost_on_transport_error():
-                        async for chunk in resp.aiter_bytes(tar_stream.CHUNK):
+                    async with contextlib.aclosing(
+                            self._capped_body(resp, max_bytes, f"{remote_path} (download)")) as body:
+                        async for chunk in body:
                             await asyncio.to_thread(sink.write, chunk)
                 finally:
                     await resp.aclose()
-            os.chmod(tmp, mode or 0o644)
+            os.chmod(tmp, _local_mode(mode, is_dir=False))
             os.replace(tmp, local)
         finally:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
 
-    async def _download_tree(self, remote_path: str, local: Path, mode: int) -> None:
+    async def _download_tree(self, remote_path: str, local: Path, mode: int, max_bytes: int) -> None:
         tmp = Path(tempfile.mkdtemp(dir=local.parent, prefix=f".{local.name}.", suffix=".part"))
         try:
             resp = await self._send(self._client.build_request("GET", "/tar", params={"path": remote_path}),
                                     stream=True)
+            # The files' sizes are capped by the extraction; the raw stream is capped too, since headers of
+            # endless empty files carry no file data. Tar framing (a header of 0.5-1.5 KiB per member,
+            # padding) can outweigh the data of many small files, hence twice the cap.
+            chunks = self._capped_body(resp, 2 * max_bytes + _TAR_FRAMING_ALLOWANCE,
+                                       f"the tar stream of {remote_path} (download)")
             try:
-                with self._lost_on_transport_error():
-                    await tar_stream.extract_tar_chunks(resp.aiter_raw(), tmp)
+                await tar_stream.extract_tar_chunks(chunks, tmp, max_bytes=max_bytes)
+            except tar_stream.TarTooLarge as exc:
+                raise self._over_cap(f"{remote_path} (download)", max_bytes, str(exc)) from exc
             except tarfile.FilterError as exc:
-                raise InvalidRequest(f"refusing to download {remote_path}: {exc}, which could reach outside "
-                                     f"{local}; nothing was written there") from exc
+                raise InvalidRequest(f"refusing to download {remote_path} from sandbox {self.id}: {exc}; "
+                                     f"only plain files, directories and links that stay inside {local} are "
+                                     f"copied. Nothing was written to {local}.") from exc
             except tarfile.TarError as exc:
                 raise OrchardError(f"the tar stream of {remote_path} from sandbox {self.id} is broken: {exc}; "
                                    "nothing was written; try again") from exc
             finally:
+                await chunks.aclose()
                 await resp.aclose()
-            os.chmod(tmp, mode or 0o755)
+            os.chmod(tmp, _local_mode(mode, is_dir=True))
             await asyncio.to_thread(tar_stream.place_tree, tmp, local)
         finally:
             await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+
+_TAR_FRAMING_ALLOWANCE = 1 << 20  # on top of a tree download's raw-stream cap, for the tar headers
+
+
+def _local_mode(mode: int, *, is_dir: bool) -> int:
+    """The mode a downloaded file (or a tree's top directory) gets here, by the rule tarfile's data filter
+    applies to a tree's members: no setuid/setgid/sticky bits, no group/other write, usable by its owner."""
+    return (mode & 0o755) | (0o700 if is_dir else 0o600)
+
+
+def _check_max_bytes(max_bytes: int) -> None:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise InvalidRequest(f"max_bytes must be a non-negative integer number of bytes, not {max_bytes!r}")
 
 
 async def _file_chunks(source, size: int, local: Path) -> AsyncIterator[bytes]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import AsyncIterator, Awaitable, Iterator, TypeVar
 
 from orchard.core.sandbox import ExecEvent, ExecResult, FileInfo, Sandbox, SessionResult, ShellSession
+from orchard.sandbox.agent_client import DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES
 
 T = TypeVar("T")
 
@@ -156,8 +157,9 @@ class SyncSandbox:
                     env: dict[str, str] | None = None, timeout: float | None = None) -> Iterator[ExecEvent]:
         return self._loop.iterate(self.async_sandbox.exec_stream(command, cwd=cwd, env=env, timeout=timeout))
 
-    def read_file(self, path: str) -> bytes:
-        return self._loop.run(self.async_sandbox.read_file(path))
+    def read_file(self, path: str, *, max_bytes: int = READ_FILE_MAX_BYTES) -> bytes:
+        """See `AgentSandbox.read_file`: at most `max_bytes` (default 64 MiB), else `PayloadTooLarge`."""
+        return self._loop.run(self.async_sandbox.read_file(path, max_bytes=max_bytes))
 
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         self._loop.run(self.async_sandbox.write_file(path, data, mode=mode))
@@ -171,8 +173,10 @@ class SyncSandbox:
     def upload(self, local_path: str | Path, remote_path: str) -> None:
         self._loop.run(self.async_sandbox.upload(local_path, remote_path))
 
-    def download(self, remote_path: str, local_path: str | Path) -> None:
-        self._loop.run(self.async_sandbox.download(remote_path, local_path))
+    def download(self, remote_path: str, local_path: str | Path, *, max_bytes: int = DOWNLOAD_MAX_BYTES) -> None:
+        """See `AgentSandbox.download`: at most `max_bytes` (default 1 GiB), else `PayloadTooLarge` and
+        nothing written."""
+        self._loop.run(self.async_sandbox.download(remote_path, local_path, max_bytes=max_bytes))
 
     def shell(self, name: str = "default", *, cwd: str | None = None,
               env: dict[str, str] | None = None) -> SyncShellSession:

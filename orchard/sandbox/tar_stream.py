@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import AsyncIterator, Callable
 
 CHUNK = 1 << 20
+_HIGH_MODE_BITS = 0o7000  # setuid, setgid, sticky
 _PIPE_SIZE = 1 << 20  # the unprivileged maximum on Linux (/proc/sys/fs/pipe-max-size)
 
 
@@ -43,15 +44,60 @@ async def directory_tar_chunks(local_dir: Path) -> AsyncIterator[bytes]:
         await _settled(done)
 
 
-async def extract_tar_chunks(chunks: AsyncIterator[bytes], dest: Path) -> None:
-    """Extract a tar stream into the existing directory `dest`. Members that would land outside `dest`
-    (absolute paths, `..`, links pointing out) or special files raise `tarfile.FilterError`."""
+class TarTooLarge(Exception):
+    """The files of a tar stream add up to more than the extraction's `max_bytes`."""
+
+    def __init__(self, member: str, total: int, max_bytes: int) -> None:
+        super().__init__(f"member {member!r} takes the files' total size to {total} bytes, over max_bytes="
+                         f"{max_bytes}")
+        self.total = total
+        self.max_bytes = max_bytes
+
+
+class SpecialMemberError(tarfile.FilterError):
+    """A tar member that is a device node, FIFO or other special file: never created on this machine."""
+
+    def __init__(self, member: tarfile.TarInfo) -> None:
+        super().__init__(f"member {member.name!r} is a device node, FIFO or other special file, which is never "
+                         "created on this machine")
+        self.tarinfo = member
+
+
+def _safe_filter(max_bytes: int) -> Callable[[tarfile.TarInfo, str], tarfile.TarInfo]:
+    """A tarfile extraction filter for archives from a sandbox (untrusted): tarfile's `data` filter (nothing
+    outside the destination, no absolute or escaping links), and on top of it, whatever that filter does
+    on this Python version: special files refused, setuid/setgid/sticky bits stripped, owners never
+    applied, and the files' declared sizes (sparse files count at their full size) capped at `max_bytes`."""
+    total = 0
+
+    def check(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+        nonlocal total
+        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+            raise SpecialMemberError(member)
+        if member.isreg():
+            total += member.size
+            if total > max_bytes:
+                raise TarTooLarge(member.name, total, max_bytes)
+        member = tarfile.data_filter(member, dest)
+        mode = None if member.mode is None else member.mode & ~_HIGH_MODE_BITS
+        return member.replace(mode=mode, uid=None, gid=None, uname=None, gname=None, deep=False)
+
+    return check
+
+
+async def extract_tar_chunks(chunks: AsyncIterator[bytes], dest: Path, *, max_bytes: int) -> None:
+    """Extract a tar stream into the existing directory `dest`, writing at most `max_bytes` of file data.
+    Members that would land outside `dest` (absolute paths, `..`, links pointing out) raise
+    `tarfile.FilterError`, special files (devices, FIFOs) `SpecialMemberError` (a FilterError), files adding
+    up to more than `max_bytes` `TarTooLarge`; setuid/setgid/sticky bits and owners are never applied. The
+    caller removes `dest` on failure and counts the raw stream against its own cap."""
     if not hasattr(tarfile, "data_filter"):
         raise RuntimeError("extracting a directory safely needs Python >= 3.11.4 (tarfile's data filter)")
+    member_filter = _safe_filter(max_bytes)
 
     def extract(pipe_r: int) -> None:
         with open(pipe_r, "rb", closefd=False) as source, tarfile.open(fileobj=source, mode="r|") as tar:
-            tar.extractall(dest, filter="data")
+            tar.extractall(dest, filter=member_filter)
 
     read_end, write_end = _pipe()
     os.set_blocking(write_end, False)
