@@ -316,3 +316,40 @@ async def test_download_never_applies_setuid_bits_or_owners_from_the_stream(lyin
         await sandbox.download("d", tmp_path / "d")
     assert _special_bits(tmp_path / "d" / "suid") == 0 and _special_bits(tmp_path / "d" / "shared") == 0
     assert ((tmp_path / "d" / "suid").stat().st_uid, (tmp_path / "d" / "suid").stat().st_gid) == (os.getuid(), os.getgid())
+
+
+# -- the CLI: `orchard sandbox cp` out of a sandbox, through a real `orchard serve` ---------------------------
+
+def test_cli_cp_out_of_a_sandbox_is_capped_and_writes_plain_data(tmp_path_factory, tmp_path):
+    from typer.testing import CliRunner
+
+    from orchard.cli.main import app
+    from tests.running_server import running_server
+
+    runner = CliRunner()
+    with running_server(tmp_path_factory.mktemp("caps-server-home"), "caps-key-0123456789") as server:
+        env = {"ORCHARD_URL": server.url, "ORCHARD_API_KEY": server.api_key}
+
+        def orchard(*args: str):
+            result = runner.invoke(app, list(args), env=env)
+            if result.exception is not None and not isinstance(result.exception, SystemExit):
+                raise result.exception
+            return result
+
+        sandbox_id = orchard("sandbox", "create").stdout.strip()
+        made = orchard("sandbox", "exec", sandbox_id, "--",
+                       "mkdir d && echo hi > d/suid && chmod 6777 d/suid && chmod 3777 d && truncate -s 3G big")
+        assert made.exit_code == 0, made.stderr
+
+        too_big = orchard("sandbox", "cp", f"{sandbox_id}:big", str(tmp_path / "big"))
+        assert too_big.exit_code == 1 and "max_bytes" in " ".join(too_big.stderr.split())
+        capped = orchard("sandbox", "cp", "--max-bytes", "2", f"{sandbox_id}:d", str(tmp_path / "d"))
+        assert capped.exit_code == 1 and "max_bytes=2" in " ".join(capped.stderr.split())
+        assert _leftovers(tmp_path) == []
+
+        copied = orchard("sandbox", "cp", f"{sandbox_id}:d", str(tmp_path / "d"))
+        assert copied.exit_code == 0, copied.stderr
+        assert _special_bits(tmp_path / "d") == 0 and _special_bits(tmp_path / "d" / "suid") == 0
+        assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+        assert (tmp_path / "d" / "suid").stat().st_mode & 0o777 == 0o755
+        orchard("sandbox", "rm", sandbox_id)
