@@ -239,3 +239,24 @@ def test_read_over_max_bytes_is_413_with_the_size_before_any_byte_is_sent(agent)
             assert small.status_code == 400 and "max_bytes" in small.json()["message"]
     finally:
         os.unlink(path)
+
+
+@pytest.mark.parametrize("member", [("dir", "y/pwned_dir", None), ("file", "y", b"a file now")])
+def test_tar_upload_never_follows_a_symlink_already_in_the_target(agent, member):
+    """A link the workload planted in the target (`y -> outside`): the archive's `y/...` or `y` replaces the
+    link inside the target and never writes through it."""
+    outside = os.path.join(agent.dir, "outside-planted")
+    os.makedirs(outside, exist_ok=True)
+    target = os.path.join(agent.workdir, "planted-%s" % member[0])
+    os.makedirs(target)
+    os.symlink(outside, os.path.join(target, "y"))
+    with agent.client() as c:
+        resp = c.put("/tar", params={"path": target}, content=_tar(member))
+    assert resp.status_code == 200, resp.text
+    assert os.listdir(outside) == []
+    y = os.path.join(target, "y")
+    assert not os.path.islink(y)
+    if member[0] == "dir":
+        assert os.path.isdir(os.path.join(y, "pwned_dir"))
+    else:
+        assert open(y, "rb").read() == b"a file now"

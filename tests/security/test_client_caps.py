@@ -315,7 +315,8 @@ async def test_download_never_applies_setuid_bits_or_owners_from_the_stream(lyin
     async with sandbox:
         await sandbox.download("d", tmp_path / "d")
     assert _special_bits(tmp_path / "d" / "suid") == 0 and _special_bits(tmp_path / "d" / "shared") == 0
-    assert ((tmp_path / "d" / "suid").stat().st_uid, (tmp_path / "d" / "suid").stat().st_gid) == (os.getuid(), os.getgid())
+    extracted = (tmp_path / "d" / "suid").stat()
+    assert (extracted.st_uid, extracted.st_gid) == (os.getuid(), os.getgid())
 
 
 # -- the CLI: `orchard sandbox cp` out of a sandbox, through a real `orchard serve` ---------------------------
