@@ -310,3 +310,20 @@ def test_rebuilt_steps_keep_the_arguments_as_the_model_wrote_them():
     assert rebuilt.steps[2].tool_calls[0].raw_arguments == '{"command":  "ls"}'
     assert rebuilt.steps[3].tool_calls[0].raw_arguments == '{"command": "ls'  # malformed, kept as written
     assert rebuilt.partial and rebuilt.steps[3].observation is None
+
+
+def test_the_evaluation_docs_name_real_commands_and_options():
+    """docs/evaluation.md's command lines: each command exists and each option it shows is one it takes
+    (the runs themselves are the tests above)."""
+    import re
+    import shlex
+
+    doc = (SWE_MINI_DIR.parents[1] / "docs" / "evaluation.md").read_text()
+    block = doc.split("```", 2)[1]
+    for text in filter(str.strip, block.splitlines()):
+        words = [w for w in shlex.split(text, comments=True) if w != "..."]
+        command = words[1:words.index(next(w for w in words if w.startswith("-")))] if any(
+            w.startswith("-") for w in words) else words[1:2]
+        help_text = cli.invoke(app, [*command, "--help"], env={"COLUMNS": "300"}).output
+        for option in (w for w in words if w.startswith("--")):
+            assert re.search(rf"{re.escape(option)}\b", help_text), f"{text!r}: `orchard {' '.join(command)}` has no {option}"
