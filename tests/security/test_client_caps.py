@@ -23,7 +23,7 @@ import pytest
 
 from orchard.core.errors import InvalidRequest, OrchardError, PayloadTooLarge
 from orchard.sandbox.agent_client import DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, AgentSandbox
-from orchard.sandbox.client import AsyncOrchard
+from orchard.sandbox.client import AsyncOrchard, Orchard
 from tests.running_server import remove_live_sandboxes
 
 GIB = 1 << 30
@@ -98,6 +98,21 @@ async def test_a_3gb_sparse_file_cannot_grow_the_client_or_fill_its_disk(home, t
         await sandbox.download("two-mb.bin", out / "two-mb.bin", max_bytes=2_000_000)
         assert (out / "two-mb.bin").stat().st_size == 2_000_000
         assert (await sandbox.exec("echo ok")).stdout == "ok\n"
+
+
+def test_the_sync_sdk_has_the_same_caps(home, tmp_path):
+    with Orchard(home=home) as orch, orch.create() as sandbox:
+        assert sandbox.exec("truncate -s 3G big.bin && echo 12345 > small.txt").exit_code == 0
+        with pytest.raises(PayloadTooLarge):
+            sandbox.read_file("big.bin")
+        with pytest.raises(PayloadTooLarge):
+            sandbox.read_file("small.txt", max_bytes=5)
+        assert sandbox.read_file("small.txt", max_bytes=6) == b"12345\n"
+        with pytest.raises(PayloadTooLarge):
+            sandbox.download("big.bin", tmp_path / "big.bin")
+        with pytest.raises(PayloadTooLarge):
+            sandbox.download("small.txt", tmp_path / "small.txt", max_bytes=5)
+        assert _leftovers(tmp_path) == []
 
 
 async def test_a_tree_of_endless_empty_files_is_stopped_by_the_stream_cap(home, tmp_path):
