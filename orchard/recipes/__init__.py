@@ -1,0 +1,1 @@
+"""Training recipes on TRL: trajectories -> training data, weighted SFT, credit assignment, BAR + GRPO."""
