@@ -36,6 +36,7 @@ _TIMEOUT_MARGIN_S = 30.0  # on top of a command's own timeout: the agent kills a
 # costs it nothing). Callers raise them per call with `max_bytes`.
 READ_FILE_MAX_BYTES = 64 << 20  # read_file: bytes held in memory
 DOWNLOAD_MAX_BYTES = 1 << 30  # download: bytes received and written to disk
+_ERROR_BODY_MAX = 1 << 20  # an agent's error bodies are a few hundred bytes
 _ERROR_BY_STATUS: dict[int, type[OrchardError]] = {
     400: InvalidRequest, 401: AuthError, 404: NotFound, 408: ExecTimeout, 413: PayloadTooLarge}
 
@@ -323,23 +324,29 @@ class AgentSandbox:
             except httpx.TransportError as exc:
                 raise self._lost(f"dropped the connection ({_describe(exc)})") from exc
         if resp.status_code >= 400:
-            if stream:
-                try:
-                    with self._lost_on_transport_error():
-                        await resp.aread()
-                finally:
-                    await resp.aclose()
-            raise self._error_from(resp)
+            if not stream:
+                raise self._error_from(resp, resp.content)
+            try:
+                # At most _ERROR_BODY_MAX of an error body: a streamed read is one a sandbox could make endless.
+                content = b""
+                with self._lost_on_transport_error():
+                    async for chunk in resp.aiter_raw():
+                        content += chunk
+                        if len(content) > _ERROR_BODY_MAX:
+                            break
+            finally:
+                await resp.aclose()
+            raise self._error_from(resp, content)
         return resp
 
-    def _error_from(self, resp: httpx.Response) -> OrchardError:
+    def _error_from(self, resp: httpx.Response, content: bytes) -> OrchardError:
         try:
-            body = json.loads(resp.content)
+            body = json.loads(content)
             return error_from_code(str(body["error"]), str(body["message"]))
         except (ValueError, KeyError, TypeError):
             cls = _ERROR_BY_STATUS.get(resp.status_code, OrchardError)
             return cls(f"the agent of sandbox {self.id} answered HTTP {resp.status_code} without an error "
-                       f"body: {resp.content[:200]!r}")
+                       f"body: {content[:200]!r}")
 
     def _lost(self, what: str) -> SandboxLost:
         return SandboxLost(f"sandbox {self.id}: its agent at {self.agent_url} {what}. The sandbox was probably "

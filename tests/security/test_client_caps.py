@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.core.errors import InvalidRequest, OrchardError, PayloadTooLarge
+from orchard.core.errors import InvalidRequest, NotFound, OrchardError, PayloadTooLarge
 from orchard.sandbox.agent_client import DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, AgentSandbox
 from orchard.sandbox.client import AsyncOrchard, Orchard
 from tests.running_server import remove_live_sandboxes
@@ -159,12 +159,16 @@ async def test_a_download_with_a_fifo_is_refused_and_writes_nothing(home, tmp_pa
 
 class LyingAgent:
     """A fake agent on a Unix socket that ignores `max_bytes`: `routes` maps a path (without the query) to
-    (headers, body chunks) it answers with. It records how many body bytes it managed to send."""
+    (headers, body chunks) it answers with, or (headers, body chunks, status line) for another status.
+    `started` counts, per path, the body bytes it began to send (counted before each send, so a client that
+    read a whole answer has always seen the full count); a client that stops reading keeps it far below a
+    big answer's size, which cannot sit in the socket's buffers."""
 
     def __init__(self, routes: dict) -> None:
         self.dir = tempfile.mkdtemp(prefix="lying-", dir=tempfile.gettempdir())
         self.socket_path = os.path.join(self.dir, "agent.sock")
         self.routes = routes
+        self.started: dict[str, int] = {}
         self._server = socket.socket(socket.AF_UNIX)
         self._server.bind(self.socket_path)
         self._server.listen(8)
@@ -191,11 +195,12 @@ class LyingAgent:
                 while rfile.readline() not in (b"\r\n", b""):
                     pass
                 path = request_line.split()[1].decode().split("?")[0]
-                headers, chunks = self.routes[path]
+                headers, chunks, status = (*self.routes[path], "200 OK")[:3]
                 try:
                     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-                    conn.sendall(f"HTTP/1.1 200 OK\r\n{head}\r\n".encode())
+                    conn.sendall(f"HTTP/1.1 {status}\r\n{head}\r\n".encode())
                     for chunk in chunks():
+                        self.started[path] = self.started.get(path, 0) + len(chunk)
                         conn.sendall(chunk)
                 except OSError:  # the client hung up: what a capped client does
                     return
@@ -231,7 +236,9 @@ def lying():
 
     def make(routes: dict) -> AgentSandbox:
         agents.append(LyingAgent(routes))
-        return agents[-1].sandbox()
+        sandbox = agents[-1].sandbox()
+        sandbox.fake = agents[-1]
+        return sandbox
 
     yield make
     for agent in agents:
@@ -245,6 +252,7 @@ async def test_read_file_enforces_its_cap_on_the_stream_when_the_agent_ignores_i
         with pytest.raises(PayloadTooLarge) as refused:
             await sandbox.read_file("x", max_bytes=MIB)
         assert "more arrived" in str(refused.value)
+    assert sandbox.fake.started["/files"] < 64 * MIB  # of 256 MiB
 
 
 async def test_read_file_refuses_an_announced_size_over_its_cap_before_reading(lying):
@@ -266,12 +274,22 @@ async def test_a_compressed_body_is_refused_rather_than_inflated(lying):
         assert "Content-Encoding" in str(refused.value)
 
 
+async def test_an_endless_error_body_is_not_read_whole(lying):
+    sandbox = lying({"/files": (CHUNKED, _chunked(256 * MIB), "404 Not Found")})
+    async with sandbox:
+        with pytest.raises(NotFound) as refused:
+            await sandbox.read_file("x", max_bytes=MIB)
+        assert "without an error body" in str(refused.value)
+    assert sandbox.fake.started["/files"] < 64 * MIB  # of 256 MiB
+
+
 async def test_download_stops_a_file_larger_than_its_stat_and_removes_the_partial_file(lying, tmp_path):
     sandbox = lying({"/files/stat": _stat(10), "/files": (CHUNKED, _chunked(256 * MIB))})
     async with sandbox:
         with pytest.raises(PayloadTooLarge):
             await sandbox.download("x", tmp_path / "x", max_bytes=4 * MIB)
     assert _leftovers(tmp_path) == []
+    assert sandbox.fake.started["/files"] < 64 * MIB  # of 256 MiB
 
 
 def _tar_stream(*members: tarfile.TarInfo, data: bytes = b"", endless_zeros: bool = False):
