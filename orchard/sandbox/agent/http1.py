@@ -39,7 +39,8 @@ class HeadError(Exception):
 
 class Headers(dict):
     """Header fields by lower-case name; lookups ignore case. A repeated field keeps its first value,
-    except Transfer-Encoding, whose values are joined (every coding counts)."""
+    except Transfer-Encoding, whose values are joined (every coding counts), and Content-Length, which is
+    refused."""
 
     def get(self, name, default=None):
         return dict.get(self, name.lower(), default)
