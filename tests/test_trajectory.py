@@ -405,3 +405,22 @@ def test_conversions_share_no_mutable_state_with_their_inputs():
     again = from_atif(document)
     document["steps"][2]["tool_calls"][1]["arguments"]["nested"]["k"].append("changed")
     assert again == imported == trajectory
+
+
+def test_the_python_example_in_docs_trajectory_runs(tmp_path, monkeypatch):
+    """docs/trajectory.md's code block, run as written on a real trajectory (and an ATIF file from
+    another tool beside it)."""
+    import json
+    import re
+    from pathlib import Path
+
+    from orchard.core.atif import to_atif
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "trajectory.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    assert blocks, "docs/trajectory.md lost its example"
+    trajectory = rich_trajectory()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "harbor_run.json").write_text(json.dumps(to_atif(trajectory)))
+    for block in blocks:
+        exec(compile(block, "docs/trajectory.md", "exec"), {"trajectory": trajectory})
