@@ -327,3 +327,69 @@ def test_the_evaluation_docs_name_real_commands_and_options():
         help_text = cli.invoke(app, [*command, "--help"], env={"COLUMNS": "300"}).output
         for option in (w for w in words if w.startswith("--")):
             assert re.search(rf"{re.escape(option)}\b", help_text), f"{text!r}: `orchard {' '.join(command)}` has no {option}"
+
+
+# --- the harness setup phase and the trial's deadline ---------------------------------------------------
+
+class _SetupHarness:
+    """A harness with a setup phase: it leaves a marker in the sandbox, which `run` then reads back."""
+
+    name, version = "setup-probe", "1"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    async def setup(self, task, sandbox) -> None:
+        if self.fail:
+            raise RuntimeError("the harness could not be installed")
+        await sandbox.write_file("/tmp/installed", b"yes")
+
+    async def run(self, task, sandbox, model):
+        from orchard.core.trajectory import Agent
+
+        marker = await sandbox.read_file("/tmp/installed")
+        trajectory = Trajectory(agent=Agent(name=self.name, version=self.version), exit_status="submitted")
+        trajectory.notes = marker.decode()
+        return trajectory
+
+
+async def _run_trial(home: Path, harness, task: Task, timeouts) -> Trajectory:
+    import asyncio
+
+    from orchard.eval.local_gateway import LocalGateway
+    from orchard.eval.trial import Trial, TrialRig
+    from orchard.core.harness import SamplingParams
+
+    with LocalGateway(GatewayConfig()) as gateway:
+        async with AsyncOrchard(home=home) as orch:
+            rig = TrialRig(harness=harness, model="none", sampling=SamplingParams(), timeouts=timeouts, orch=orch,
+                           gateway=gateway, agent_slots=asyncio.Semaphore(1), grading_slots=asyncio.Semaphore(1))
+            return await Trial(rig, task, "probe:task:1", {}).run()
+
+
+async def test_the_harness_setup_phase_runs_first_and_a_failing_one_is_a_harness_error(home):
+    from orchard.core.task import ScriptGrader
+    from orchard.eval.run_config import TrialTimeouts
+
+    task = Task(id="setup-probe", instruction="-", grader=ScriptGrader(script="true"))
+    done = await _run_trial(home, _SetupHarness(), task, TrialTimeouts())
+    assert done.notes == "yes" and done.outcome.resolved and done.exit_status == "submitted"
+    assert [(p.name, p.result) for p in done.phases] == [
+        ("environment", "ok"), ("harness_setup", "ok"), ("agent", "ok"), ("verify", "ok")]
+    failed = await _run_trial(home, _SetupHarness(fail=True), task, TrialTimeouts())
+    assert failed.exit_status == "harness_error" and "could not be installed" in failed.outcome.error
+    assert [(p.name, p.result) for p in failed.phases] == [("environment", "ok"), ("harness_setup", "error")]
+
+
+async def test_no_trial_outlives_its_deadline_by_more_than_a_few_seconds(home):
+    """One deadline covers every phase: a setup that would hang for a minute is cut at the trial's."""
+    from orchard.core.task import ScriptGrader
+    from orchard.eval.run_config import TrialTimeouts
+
+    task = Task(id="slow-setup", instruction="-", environment=TaskEnvironment(setup=["sleep 60"]),
+                grader=ScriptGrader(script="true"))
+    started = time.monotonic()
+    trajectory = await _run_trial(home, _SetupHarness(), task, TrialTimeouts(trial_s=3))
+    assert time.monotonic() - started < 3 + 10  # the deadline, plus deleting the sandbox
+    assert trajectory.exit_status == "environment_error" and "ran past" in trajectory.outcome.error
+    assert trajectory.phases[0].result == "timeout" and trajectory.phases[0].timeout_s == pytest.approx(3, abs=0.5)
