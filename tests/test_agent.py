@@ -159,20 +159,18 @@ def test_tcp_listener_reports_its_bound_port():
         tcp.stop()
 
 
-def test_exec_and_session_round_trips_stay_fast():
-    """Over TCP, where a response split into two writes would cost ~40 ms (Nagle + delayed ACK)."""
+def test_many_exec_and_session_round_trips_over_tcp():
+    """Back-to-back requests on one TCP connection keep working (how fast they are is `make bench`'s
+    exec_latency, which compares them with the floor in the same run)."""
     tcp = RunningAgent(listen="tcp:127.0.0.1:0")
     try:
         with tcp.client() as c:
             c.post("/sessions", json={"name": "fast"}).raise_for_status()
             for path, body in (("/exec", {"command": "true"}), ("/sessions/fast/run", {"command": "true"})):
-                times = []
-                for i in range(130):
-                    start = time.perf_counter()
-                    c.post(path, json=body).raise_for_status()
-                    times.append(time.perf_counter() - start)
-                p50 = sorted(times[30:])[50]
-                assert p50 < 0.006, "%s of `true` takes %.1f ms (p50); expected ~1-2 ms" % (path, p50 * 1000)
+                for _ in range(130):
+                    response = c.post(path, json=body)
+                    response.raise_for_status()
+                    assert response.json()["exit_code"] == 0
     finally:
         tcp.stop()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -437,14 +436,14 @@ def test_scripted_server_rejects_a_bad_script(scripted, tmp_path):
 
 async def test_scripted_delays_overlap_for_concurrent_requests(scripted):
     """The per-response delay stands for model time: concurrent requests wait it out side by side."""
-    load_script(scripted, [{"content": "slow model", "delay_s": 0.2}], loop=True)
+    load_script(scripted, [{"content": "slow model", "delay_s": 1.0}], loop=True)
     async with httpx.AsyncClient(timeout=30) as client:
         started = time.monotonic()
         replies = await asyncio.gather(*(client.post(f"{scripted}/v1/chat/completions",
                                                      json={"model": "m", "messages": USER}) for _ in range(4)))
         elapsed = time.monotonic() - started
     assert [r.json()["choices"][0]["message"]["content"] for r in replies] == ["slow model"] * 4
-    assert 0.2 <= elapsed < 0.75  # one after another would take 0.8 s
+    assert 1.0 <= elapsed < 3.0  # one after another would take 4 s
 
 
 # --- what litellm reaches, and what the gateway costs ------------------------------------------------
@@ -476,26 +475,3 @@ def test_litellm_reaches_only_the_backend(scripted):
     assert result["content"] == "ok"
     assert result["seen"], "the audit hook saw no connection at all"
     assert all("127.0.0.1" in target for target in result["seen"]), result["seen"]
-
-
-def test_gateway_overhead_per_call(scripted, gw_url):
-    """Median over 50 calls of (client -> gateway -> scripted backend) minus (client -> scripted backend),
-    interleaved so load changes on the machine hit both alike."""
-    load_script(scripted, [{"content": "ok"}], loop=True)
-    body = {"model": "plain", "messages": USER}
-    direct, through = [], []
-    with httpx.Client(timeout=30) as client:
-        for index in range(60):
-            started = time.perf_counter()
-            assert client.post(f"{scripted}/v1/chat/completions", json=body).status_code == 200
-            middle = time.perf_counter()
-            assert client.post(f"{gw_url}/r/bench/v1/chat/completions", json=body).status_code == 200
-            if index >= 10:  # warm-up
-                direct.append(middle - started)
-                through.append(time.perf_counter() - middle)
-    end_rollout(gw_url, "bench")
-    direct_ms, through_ms = statistics.median(direct) * 1000, statistics.median(through) * 1000
-    print(f"\ngateway overhead: direct {direct_ms:.2f} ms, through the gateway {through_ms:.2f} ms, "
-          f"added {through_ms - direct_ms:.2f} ms (median of 50)")
-    # The target is <= 5 ms on an idle machine; the bound leaves room for a loaded 2-core CI machine.
-    assert through_ms - direct_ms < 25
