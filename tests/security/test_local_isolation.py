@@ -10,6 +10,8 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -132,4 +134,94 @@ async def test_the_agent_socket_is_out_of_the_sandboxs_reach(backend, tmp_path):
         r = await agent.exec("ls -A /.orchard/run; ln -s /tmp/x /.orchard/run/agent.sock || echo refused")
         assert r.stdout.split() == ["token", "refused"]
         assert sorted(os.listdir(sb.handle["run_dir"])) == ["agent.sock"]
+        assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
+
+
+# ---- item 2 of the issue: a host-image sandbox reads host files only as an unprivileged user would -------
+
+@pytest.fixture
+def host_secret():
+    """A root-only file in a directory anyone may enter, where host-image sandboxes see it (/var/tmp is
+    bound into them, unlike /tmp): only the file's own mode protects it."""
+    directory = Path(tempfile.mkdtemp(prefix="orchard-secret-", dir="/var/tmp"))
+    directory.chmod(0o755)
+    secret = directory / "secret.txt"
+    secret.write_text("root's secret")
+    secret.chmod(0o600)
+    yield secret
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the subordinate id range needs root")
+
+
+@needs_root
+async def test_root_only_host_files_cannot_be_read(backend, host_secret):
+    async with running(backend) as (sb, agent):
+        assert (await agent.exec("id -u")).stdout == "0\n"  # root inside ...
+        attacks = [f"cat {host_secret}", "cat /etc/shadow",
+                   # ... but not host root: neither the host's root uid, nor a new user namespace, helps
+                   f"python3 -c 'import os; os.setuid(65535); print(open(\"{host_secret}\").read())'",
+                   f"unshare --user --map-root-user cat {host_secret}",
+                   f"unshare --user --map-user=65535 cat {host_secret}"]
+        for attack in attacks:
+            r = await agent.exec(attack)
+            assert r.exit_code != 0 and "secret" not in r.stdout and "root:" not in r.stdout, (attack, r)
+        assert (await agent.exec("grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status")).stdout.split()[1::2] \
+            == ["0000000000000000"] * 4
+        # ... and on the host its files belong to the subordinate range, not to root.
+        await agent.write_file("made-inside.txt", b"x")
+        assert (Path(sb.handle["sandbox_dir"]) / "rw" / "workspace" / "made-inside.txt").stat().st_uid == 100000
+        # The agent's token is not readable by the workload either.
+        assert (await agent.exec("cat /.orchard/run/token")).exit_code != 0
+
+
+@needs_root
+async def test_another_orchard_homes_state_and_workspaces_cannot_be_read(backend, bundle_cache):
+    """A second orchestrator's home (its state db holds live agent tokens) lies under the host root that
+    this sandbox sees, and no tmpfs cover of this orchestrator hides it: its mode does."""
+    other_home = Path(tempfile.mkdtemp(prefix="orchard-other-home-", dir="/var/tmp"))
+    other_home.chmod(0o755)  # as a home made by an older Orchard or a lax umask might be
+    (other_home / "state.db").write_text("live tokens")
+    (other_home / "state.db").chmod(0o644)
+    other = LocalBackend(other_home / "sandboxes", bundle_cache_dir=bundle_cache)
+    try:
+        async with running(other) as (_, victim), running(backend) as (_, agent):
+            await victim.write_file("secret.txt", b"the other sandbox's secret")
+            await victim.exec("chmod 644 secret.txt")
+            for attack in (f"cat {other_home}/state.db", f"ls {other_home}/sandboxes",
+                           f"cat {other_home}/sandboxes/*/rw/workspace/secret.txt"):
+                r = await agent.exec(attack)
+                assert r.exit_code != 0 and "secret" not in r.stdout and "tokens" not in r.stdout, (attack, r)
+    finally:
+        await other.close()
+        shutil.rmtree(other_home, ignore_errors=True)
+
+
+async def test_ordinary_work_still_runs_as_the_sandbox_root(backend):
+    """Writing the workspace, Orchard's own Python with its installed packages, git: as before."""
+    async with running(backend) as (_, agent):
+        script = (f"set -e; echo data > a.txt; mkdir -p sub && cp a.txt sub/; "
+                  f"{sys.executable} -c 'import pydantic, httpx; print(\"imports ok\")'; "
+                  f"{sys.executable} -m pytest --version >/dev/null && echo pytest ok; "
+                  "git init -q repo && cd repo && echo x > f && git add f && "
+                  "git -c user.email=a@b -c user.name=a commit -qm init && git log --oneline | wc -l; "
+                  "echo tmp > /tmp/t && cat /tmp/t")
+        r = await agent.exec(script, timeout=60)
+        assert r.ok, r
+        assert r.stdout.split("\n")[:4] == ["imports ok", "pytest ok", "1", "tmp"]
+        assert (await agent.read_file("sub/a.txt")) == b"data\n"
+
+
+# ---- item 7 of the issue (in part): the workload cannot tamper with its agent's memory ---------------------
+
+async def test_the_workload_cannot_open_its_agents_memory(backend):
+    """The agent changed its uid before serving, which makes it non-dumpable: its /proc files that give
+    its memory, environment and descriptors are closed to the workload, though both are uid 0 inside."""
+    async with running(backend) as (_, agent):
+        pid = (await agent.health())["pid"]
+        for attack in (f"python3 -c \"open('/proc/{pid}/mem', 'r+b')\"", f"cat /proc/{pid}/environ",
+                       f"ls -l /proc/{pid}/fd/", f"cat /proc/{pid}/maps"):
+            r = await agent.exec(attack)
+            assert r.exit_code != 0 and "ermission denied" in r.stderr, (attack, r)
         assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"

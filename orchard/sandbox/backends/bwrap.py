@@ -6,6 +6,13 @@ What the arguments do:
   `open` — a new net namespace has only a loopback device, so `none` means no egress at all;
 - all capabilities are dropped: bwrap run by root would otherwise keep them inside the user namespace,
   and CAP_SYS_ADMIN there can remount a read-only bind of a host directory read-write;
+- run by root, the user namespace maps the sandbox's uids and gids 0-65534 to the host's subordinate
+  range 100000-165534 (`id_map`): the sandbox's root is host uid 100000, which reads host files only as
+  any unprivileged user would. The map is written by the backend while bwrap waits (`--userns-block-fd`).
+  Host root is mapped too, as uid 65535, only because bwrap sets the sandbox up as host root (it must
+  reach Orchard's private directories); the agent starts as that uid with CAP_SETUID/SETGID/SETPCAP
+  alone and, before serving, becomes uid 0 of the sandbox (host 100000) and drops every capability,
+  bounding set included (`--user 0:0`), so nothing in the sandbox can become 65535 again;
 - image `host`: the root is an empty read-only tmpfs holding read-only binds of the host's top-level
   directories, so nothing can be created on the host (a plain `--ro-bind / /` makes bwrap mkdir mount
   points on the host's real root); image = rootfs directory: an overlay whose upper layer is private to
@@ -41,6 +48,21 @@ TOKEN_NAME = "token"
 # /dev/shm cannot be reclaimed by killing processes, so it must leave room for the rest of the sandbox).
 DEFAULT_SHM_MB = 64
 RUN_TMPFS_BYTES = 64 << 10  # /.orchard/run: the token and nothing else
+# Root's sandboxes: sandbox ids 0..REMAP_COUNT-1 are host ids REMAP_BASE.., and host root is REMAP_COUNT.
+REMAP_BASE = 100000
+REMAP_COUNT = 65535
+SANDBOX_USER = "0:0"  # what the agent and its commands run as inside: root of the sandbox, host 100000
+AGENT_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+
+
+def remaps_ids() -> bool:
+    """Whether sandboxes get the subordinate id range: writing a map of other ids needs root."""
+    return os.geteuid() == 0
+
+
+def id_map() -> str:
+    """/proc/PID/uid_map and gid_map of a sandbox made by root."""
+    return f"0 {REMAP_BASE} {REMAP_COUNT}\n{REMAP_COUNT} 0 1\n"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RESERVED_PATHS = ("/proc", "/dev", DEFAULT_MOUNT_POINT)
 # Host top-level entries a sandbox gets fresh instead of bound (/run holds the host's service sockets,
@@ -179,25 +201,63 @@ def _host_root_args(hidden: Sequence[Path]) -> list[str]:
     return args
 
 
-def _orchard_env_args() -> list[str]:
-    """Orchard's own Python environment stays visible at its path even when it lies under a directory the
-    sandbox gets fresh (a checkout under /tmp): tasks on the host image run tools with its interpreter."""
-    env_dir = Path(sys.prefix)
-    if len(env_dir.parts) > 2 and env_dir.parts[1] in HOST_ENTRIES_REPLACED and env_dir.is_dir():
-        return ["--ro-bind", str(env_dir), str(env_dir)]
-    return []
+def _closed_ancestor(path: Path) -> Path | None:
+    """The topmost directory on the way to `path` that users other than its owner cannot enter."""
+    for depth in range(2, len(path.parts) + 1):
+        ancestor = Path(*path.parts[:depth])
+        try:
+            if not os.stat(ancestor).st_mode & 0o001:
+                return ancestor
+        except OSError:
+            return None
+    return None
+
+
+def _orchard_env_args(remapped: bool) -> list[str]:
+    """Orchard's own Python environment (its venv and the interpreter that made it) stays usable at its
+    path: tasks on the host image run tools with it. Bound where the sandbox gets a fresh directory (a
+    checkout under /tmp); and where the sandbox's unprivileged user could not enter a directory on the way
+    (a pyenv Python under /root, 0700), that directory is replaced by a read-only tmpfs holding only the
+    environment, so nothing else of it shows."""
+    args: list[str] = []
+    covers: list[Path] = []
+    for env_dir in sorted({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}):
+        if len(env_dir.parts) <= 2 or not env_dir.is_dir():
+            continue
+        if env_dir.parts[1] in HOST_ENTRIES_REPLACED:
+            args += ["--ro-bind", str(env_dir), str(env_dir)]
+            continue
+        closed = _closed_ancestor(env_dir) if remapped else None
+        if closed is None:
+            continue
+        if closed not in covers:
+            covers.append(closed)
+            args += ["--perms", "0755", "--tmpfs", str(closed)]
+        for depth in range(len(closed.parts) + 1, len(env_dir.parts)):  # enterable on the way down
+            args += ["--perms", "0755", "--dir", str(Path(*env_dir.parts[:depth]))]
+        args += ["--ro-bind", str(env_dir), str(env_dir)]
+    for closed in covers:
+        args += ["--remount-ro", str(closed)]
+    return args
 
 
 def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bundle_dir: Path,
                hostname: str, env: dict[str, str], info_fd: int, token_fd: int,
-               hidden: Sequence[Path] = ()) -> list[str]:
+               hidden: Sequence[Path] = (), userns_block_fd: int | None = None) -> list[str]:
     """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
     command line; the command itself must follow on the real command line. `token_fd` is read by bwrap
-    into /.orchard/run/token."""
+    into /.orchard/run/token. With `userns_block_fd`, bwrap waits on it for the backend to write `id_map`
+    into the new user namespace, and the agent keeps the capabilities it needs to switch to the sandbox
+    user (and then drops them)."""
     args = ["--unshare-all"]
     if spec.network.mode == "open":
         args.append("--share-net")
-    args += ["--cap-drop", "ALL", "--new-session", "--hostname", hostname, "--info-fd", str(info_fd)]
+    args += ["--cap-drop", "ALL"]
+    if userns_block_fd is not None:
+        args += ["--unshare-user", "--userns-block-fd", str(userns_block_fd)]
+        for cap in AGENT_SETUP_CAPS:
+            args += ["--cap-add", cap]
+    args += ["--new-session", "--hostname", hostname, "--info-fd", str(info_fd)]
     rw = paths.writable_dir
     if rootfs is None:
         args += _host_root_args(hidden)
@@ -209,10 +269,11 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
     if rootfs is None:
         # /tmp and /run on the writable layer: within disk_mb, never in the host's memory.
         args += ["--bind", str(rw / "tmp"), "/tmp", "--bind", str(rw / "run"), "/run"]
-        args += _orchard_env_args()
+        args += _orchard_env_args(remapped=userns_block_fd is not None)
         args += ["--bind", str(rw / "workspace"), spec.workdir]
     else:
-        args += ["--perms", "01777", "--dir", "/tmp", "--dir", spec.workdir]
+        # The workdir is made by the agent once it is the sandbox's user, so that it owns it.
+        args += ["--perms", "01777", "--dir", "/tmp"]
         if spec.network.mode == "open" and Path("/etc/resolv.conf").exists():
             args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
     args += ["--ro-bind", str(bundle_dir), DEFAULT_MOUNT_POINT,
@@ -221,7 +282,7 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
              "--remount-ro", RUN_MOUNT_POINT, "--remount-ro", "/dev"]
     if rootfs is None:
         args += ["--remount-ro", "/"]
-    args += ["--chdir", spec.workdir, "--clearenv"]
+    args += ["--chdir", spec.workdir if rootfs is None else "/", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args

@@ -32,10 +32,11 @@ from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import cgroups
 from orchard.sandbox.backends.base import BackendSandbox
-from orchard.sandbox.backends.bwrap import (SandboxPaths, bwrap_args, find_bwrap, sandbox_env,
-                                            validate_disk, validate_image, validate_network)
-from orchard.sandbox.backends.local_launch import (check_health, launch_argv, read_info, spawn,
-                                                   wait_ready_line, writable_subdirs)
+from orchard.sandbox.backends.bwrap import (REMAP_BASE, SANDBOX_USER, SandboxPaths, bwrap_args, find_bwrap,
+                                            id_map, remaps_ids, sandbox_env, validate_disk, validate_image,
+                                            validate_network)
+from orchard.sandbox.backends.local_launch import (check_health, launch_argv, read_info, release_userns,
+                                                   spawn, wait_ready_line, writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
 from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
@@ -105,6 +106,20 @@ class LocalBackend:
         paths = {self.root_dir.resolve(), orchard_home().resolve(), self.bundle_cache_dir.resolve()}
         return sorted(paths)
 
+    def _make_private(self) -> None:
+        """Orchard's state (every sandbox's files; in the home, the state db with live tokens) is 0700:
+        sandboxes of root run as an unprivileged host uid, so the mode is what keeps them out of the
+        homes of *other* orchestrators too, which no tmpfs cover of this one hides."""
+        self.root_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        homes = {orchard_home()}
+        if self.root_dir.name == "sandboxes":  # the layout of an Orchard home: <home>/sandboxes
+            homes.add(self.root_dir.parent)
+        for path in (self.root_dir, *homes):
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                    os.chmod(path, st.st_mode & 0o7700)
+
     async def _resources(self) -> tuple[str, AgentBundle]:
         if self._bwrap is None:
             self._bwrap = find_bwrap()
@@ -141,7 +156,8 @@ class LocalBackend:
             raise BackendError(f"the agent socket path {paths.socket} is longer than {MAX_SOCKET_PATH} "
                                "bytes; pass a shorter run_dir to LocalBackend (or set TMPDIR)")
         self._ensure_run_base()
-        self.root_dir.mkdir(parents=True, exist_ok=True)
+        self._make_private()
+        remap = remaps_ids()
         try:
             paths.sandbox_dir.mkdir(mode=0o700)
         except FileExistsError:
@@ -152,6 +168,7 @@ class LocalBackend:
                              run_dir=str(paths.run_dir), socket=str(paths.socket))
         agent_url = f"unix://{paths.socket}"
         listener: socket.socket | None = None
+        userns_w: int | None = None  # bwrap waits on this for its user namespace's id maps
         try:
             _rmtree(paths.run_dir)  # a leftover of a crashed earlier sandbox of this id: the id is ours now
             paths.run_dir.mkdir(mode=0o700)
@@ -163,11 +180,12 @@ class LocalBackend:
             paths.writable_dir.mkdir()
             if not spec.disk_mb:  # else they are made on the tmpfs, inside the sandbox's mount namespace
                 plain, sticky = writable_subdirs(rootfs)
-                for sub in plain:
+                for sub in plain + sticky:
                     (paths.writable_dir / sub).mkdir()
-                for sub in sticky:
-                    (paths.writable_dir / sub).mkdir()
-                    os.chmod(paths.writable_dir / sub, 0o1777)
+                    if sub in sticky:
+                        os.chmod(paths.writable_dir / sub, 0o1777)
+                    if remap:  # the sandbox's root owns its writable layer
+                        os.chown(paths.writable_dir / sub, REMAP_BASE, REMAP_BASE)
             cg = cgroups.create_cgroups(self._key(sandbox_id), spec)
             handle.cgroups = cg.paths if cg else []
             require_enforceable(spec, cg)  # no limit silently weaker than asked
@@ -176,11 +194,15 @@ class LocalBackend:
             write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
 
             agent_argv = bundle.launch_argv(listen=f"fd:{listener.fileno()}", workdir=spec.workdir)
-            proc, info_r = spawn(
-                lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg),
-                lambda info_fd, token_fd: bwrap_args(spec, rootfs, paths, bundle.path, sandbox_id[:63], env,
-                                                     info_fd, token_fd, hidden=self._hidden_paths()),
-                paths, token, listener.fileno())
+            if remap:
+                agent_argv += ["--user", SANDBOX_USER]
+            owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
+            proc, info_r, userns_w = spawn(
+                lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
+                lambda info_fd, token_fd, block_fd: bwrap_args(
+                    spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd, token_fd,
+                    hidden=self._hidden_paths(), userns_block_fd=block_fd),
+                paths, token, listener.fileno(), block_userns=remap)
             listener.close()  # the agent has it now
             self._children[sandbox_id] = proc
             handle.pid, handle.pid_start = proc.pid, process_start_time(proc.pid) or 0
@@ -193,6 +215,12 @@ class LocalBackend:
                 if info.get("child-pid"):
                     handle.init_pid = int(info["child-pid"])
                     handle.init_start = process_start_time(handle.init_pid)
+                if userns_w is not None:
+                    block, userns_w = userns_w, None
+                    if handle.init_pid:
+                        release_userns(handle.init_pid, block, id_map())
+                    else:
+                        os.close(block)  # bwrap failed before its namespaces: it exits, saying why
                 write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
                 await wait_ready_line(proc, self.ready_timeout_s)
             except TimeoutError:
@@ -202,6 +230,8 @@ class LocalBackend:
         except BaseException as e:
             if listener is not None:
                 listener.close()
+            if userns_w is not None:
+                os.close(userns_w)
             agent_log = _tail(paths.log_file)
             self._destroy(sandbox_id, handle)
             if isinstance(e, (BackendError, OSError)):
@@ -340,13 +370,15 @@ def _wait_gone(pid: int, start: int, proc: subprocess.Popen | None, timeout: flo
 
 def _rmtree(path: Path) -> None:
     """rm -rf that also gets through the overlay's `work/work` (mode 000)."""
-    def make_writable_and_retry(func, p, _exc):
+    def make_writable_and_retry(func, p, exc_info):
+        if isinstance(exc_info[1], FileNotFoundError):
+            return  # already gone (removed concurrently): nothing to do
         try:
             os.chmod(os.path.dirname(p), 0o700)
             if os.path.isdir(p) and not os.path.islink(p):
                 os.chmod(p, 0o700)
                 shutil.rmtree(p, ignore_errors=True)
-            else:
+            elif func in (os.unlink, os.remove, os.rmdir):
                 func(p)
         except OSError:
             pass

@@ -30,9 +30,10 @@ MAX_HEALTH_RESPONSE = 1 << 16
 HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 # Runs in the private mount namespace: $1 size in MiB, $2 the most inodes, $3 the dir to mount on, $4 and
 # $5 the subdirectories to create there (space separated; $5 the sticky, world-writable ones like /tmp),
-# then the command.
+# $6 their owner (uid:gid, or empty), then the command.
 DISK_SCRIPT = ('mount -t tmpfs -o "size=${1}m,nr_inodes=$2,mode=0755" orchard-disk "$3" && cd "$3" '
-               '&& mkdir $4 && ${5:+mkdir -m 1777 $5} && cd / && shift 5 && exec "$@"')
+               '&& mkdir $4 && ${5:+mkdir -m 1777 $5} && ${6:+chown $6 . $4 $5} && cd / && shift 6 '
+               '&& exec "$@"')
 # Files the disk tmpfs may hold per MiB: inodes are kernel memory that `size=` does not count.
 INODES_PER_MB = 256
 MIN_INODES = 4096
@@ -46,7 +47,8 @@ def writable_subdirs(rootfs: Path | None) -> tuple[list[str], list[str]]:
 
 
 def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSpec, rootfs: Path | None,
-                paths: SandboxPaths, cgroups: CgroupSet | None) -> list[str]:
+                paths: SandboxPaths, cgroups: CgroupSet | None, owner: str = "") -> list[str]:
+    """`owner` (uid:gid on the host): who gets the writable layer's directories made on the disk tmpfs."""
     lines = ["set -e"]
     if cgroups is not None:
         lines += [f"echo $$ > {shlex.quote(f)}" for f in cgroups.procs_files]
@@ -67,7 +69,8 @@ def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSp
                                "leave disk_mb unset")
         command = [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", DISK_SCRIPT,
                    "orchard-disk", str(spec.disk_mb), str(max(MIN_INODES, spec.disk_mb * INODES_PER_MB)),
-                   str(paths.writable_dir), *(" ".join(d) for d in writable_subdirs(rootfs)), *command]
+                   str(paths.writable_dir), *(" ".join(d) for d in writable_subdirs(rootfs)), owner,
+                   *command]
     return ["/bin/sh", "-c", "\n".join(lines), "orchard-sandbox", *command]
 
 
@@ -82,34 +85,60 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int, int], list[str]],
-          paths: SandboxPaths, token: str, listen_fd: int) -> tuple[subprocess.Popen, int]:
-    """Start the sandbox; returns the process (bwrap's monitor once the shell has exec'd) and the read
-    end of bwrap's info pipe. The makers get the fd numbers (bwrap's arguments; info pipe and token) the
-    child will see. Arguments and token are handed over in anonymous memory files: nothing to create,
-    reopen and unlink. `listen_fd` (the agent's listening socket) is passed on at its own number."""
+def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int, int, int | None], list[str]],
+          paths: SandboxPaths, token: str, listen_fd: int,
+          block_userns: bool = False) -> tuple[subprocess.Popen, int, int | None]:
+    """Start the sandbox; returns the process (bwrap's monitor once the shell has exec'd), the read end of
+    bwrap's info pipe and, with `block_userns`, the write end of the pipe bwrap waits on until the user
+    namespace's id maps are written (`release_userns`). The makers get the fd numbers (bwrap's
+    arguments; info pipe, token, userns pipe) the child will see. Arguments and token are handed over in
+    anonymous memory files: nothing to create, reopen and unlink. `listen_fd` (the agent's listening
+    socket) is passed on at its own number."""
     info_r, info_w = os.pipe()
     child_fds = [info_w]
+    block_r = block_w = None
+    if block_userns:
+        block_r, block_w = os.pipe()
+        os.set_inheritable(block_w, False)
+        child_fds.append(block_r)
     try:
         token_fd = _memfd("orchard-token", token.encode())
         child_fds.append(token_fd)
         args_fd = _memfd("orchard-bwrap-args",
-                         b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w, token_fd)))
+                         b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w, token_fd, block_r)))
         child_fds.append(args_fd)
         log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         child_fds.append(log_fd)
         proc = subprocess.Popen(make_argv(args_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=log_fd, pass_fds=(args_fd, info_w, token_fd, listen_fd),
-                                start_new_session=True, env=HOST_ENV)
+                                stderr=log_fd, start_new_session=True, env=HOST_ENV,
+                                pass_fds=(args_fd, info_w, token_fd, listen_fd,
+                                          *([block_r] if block_r is not None else [])))
     except BaseException as e:
         os.close(info_r)
+        if block_w is not None:
+            os.close(block_w)
         if isinstance(e, OSError):
             raise BackendError(f"could not start bubblewrap: {e}") from e
         raise
     finally:
         for fd in child_fds:
             os.close(fd)
-    return proc, info_r
+    return proc, info_r, block_w
+
+
+def release_userns(child_pid: int, block_w: int, id_map: str) -> None:
+    """Write the id maps of bwrap's new user namespace (its child `child_pid`), then let bwrap go on.
+    Closes `block_w` in every case: without maps, bwrap fails on its own and says so."""
+    try:
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{child_pid}/{name}", "w") as f:
+                f.write(id_map)
+        os.write(block_w, b"1")
+    except OSError as e:
+        raise BackendError(f"could not map the sandbox's user ids ({e}); the orchestrator must run as "
+                           "root on a kernel with user namespaces") from e
+    finally:
+        os.close(block_w)
 
 
 async def wait_ready_line(proc: subprocess.Popen, timeout: float) -> str:
