@@ -29,13 +29,25 @@ err = Console(stderr=True, highlight=False)
 
 UrlOption = Annotated[Optional[str], typer.Option(
     "--url", envvar="ORCHARD_URL", show_envvar=True, help="Orchard server URL, e.g. http://127.0.0.1:8700.")]
+
+
+def _warn_about_a_visible_key(ctx: typer.Context, param: typer.CallbackParam,
+                              value: Optional[str]) -> Optional[str]:
+    """A key given as --api-key is readable by every user of the machine (ps, /proc/PID/cmdline)."""
+    source = ctx.get_parameter_source(param.name) if param.name else None
+    if value and getattr(source, "name", None) == "COMMANDLINE":  # typer may bundle its own click: by name
+        err.print("[bold yellow]warning:[/] --api-key on the command line is visible to every user of this "
+                  "machine (ps); set ORCHARD_API_KEY instead.")
+    return value
+
+
 ApiKeyOption = Annotated[Optional[str], typer.Option(
-    "--api-key", envvar="ORCHARD_API_KEY", show_envvar=True, help="API key of the server.")]
+    "--api-key", envvar="ORCHARD_API_KEY", show_envvar=True, callback=_warn_about_a_visible_key,
+    help="API key of the server; prefer ORCHARD_API_KEY (a key on the command line shows in ps).")]
 
 NO_SERVER = ("no Orchard server given. Sandboxes made by the CLI must outlive the command, and a sandbox "
              "without a server (embedded) dies with the process that made it. Start a server with "
-             "`orchard serve` (it prints its URL and API key), then set ORCHARD_URL and ORCHARD_API_KEY "
-             "or pass --url and --api-key.")
+             "`orchard serve` (it prints its URL and API key), then set ORCHARD_URL and ORCHARD_API_KEY.")
 
 # `ID:path` names a path in a sandbox; anything else is a local path (write ./a:b for a local name with ':').
 _SANDBOX_PATH = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*):(.*)$")

@@ -60,3 +60,22 @@ def test_an_empty_key_file_is_an_error(tmp_path):
     server = Serve(tmp_path, args=["--api-key-file", str(key_file)])
     assert server.process.wait(timeout=60) == 2
     assert "is empty" in server.log.read_text()
+
+
+def test_the_sandbox_cli_warns_about_a_key_on_its_command_line(tmp_path):
+    """`orchard sandbox ...` still accepts --api-key (scripts use it) but says loudly that ps shows it."""
+    server = Serve(tmp_path).wait_up()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
+    try:
+        def sandbox_ls(extra_env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "orchard.cli.main", "sandbox", "ls", "--url", server.url,
+                                   *args], cwd=REPO_ROOT, env={**env, **extra_env}, capture_output=True, text=True,
+                                  timeout=60)
+
+        flagged = sandbox_ls({}, "--api-key", API_KEY)
+        assert flagged.returncode == 0, flagged.stderr
+        assert "visible to every user" in " ".join(flagged.stderr.split())
+        from_env = sandbox_ls({"ORCHARD_API_KEY": API_KEY})
+        assert from_env.returncode == 0 and "visible" not in from_env.stderr, from_env.stderr
+    finally:
+        server.stop()
