@@ -225,3 +225,73 @@ async def test_the_workload_cannot_open_its_agents_memory(backend):
             r = await agent.exec(attack)
             assert r.exit_code != 0 and "ermission denied" in r.stderr, (attack, r)
         assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
+
+
+# ---- item 7 of the issue: the workload cannot take down its agent, nor can token-less clients ---------------
+
+def agent_host_pid(sb) -> int:
+    from orchard.sandbox.backends.local_state import children_of
+
+    pid, = children_of(sb.handle["init_pid"])
+    return pid
+
+
+async def test_the_workload_cannot_stop_or_kill_its_agent(backend):
+    """The agent has a uid of its own (inside 65533, host 165533) that the workload (uid 0 inside, with no
+    capabilities) may not signal or trace; the workload's own processes are still its to signal."""
+    async with running(backend) as (_, agent):
+        pid = (await agent.health())["pid"]
+        for attack in (f"kill -STOP {pid}", f"kill -KILL {pid}", f"kill -STOP 1",
+                       f"python3 -c 'import os, signal; os.kill({pid}, signal.SIGSTOP)'",
+                       f"strace -p {pid} -o /dev/null || gdb -p {pid} -batch || false"):
+            r = await agent.exec(attack, timeout=30)
+            assert r.exit_code != 0, (attack, r)
+        assert (await agent.exec(f"kill -0 {pid}; echo $?")).stdout == "1\n"
+        assert (await agent.exec("sleep 30 & kill -STOP $! && kill -KILL $! && echo own-ok")).stdout == "own-ok\n"
+        assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
+        # Files the agent writes for clients are the workload's (uid 0 inside), as they were before.
+        await agent.write_file("by-agent.txt", b"x")
+        assert (await agent.exec("stat -c %u by-agent.txt && echo y >> by-agent.txt && echo ok")).stdout \
+            == "0\nok\n"
+
+
+async def test_a_huge_max_output_bytes_cannot_exhaust_the_agents_memory(backend):
+    """/exec holds output in memory until the command ends: at most 16 MiB per stream, whatever
+    max_output_bytes asks (the result says truncated)."""
+    async with running(backend, SandboxSpec(memory_mb=256)) as (_, agent):
+        r = await agent.exec("head -c 400M /dev/zero", max_output_bytes=1 << 40, timeout=120)
+        assert r.exit_code == 0 and r.stdout_truncated and len(r.stdout) == 16 * MIB
+        shell = await agent.shell("s")
+        s = await shell.run("head -c 400M /dev/zero; echo", max_output_bytes=1 << 40, timeout=120)
+        assert s.truncated and len(s.output) <= 16 * MIB + 200
+        assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
+
+
+async def test_idle_connections_without_the_token_cannot_lock_clients_out(backend):
+    """500 connections that never send a request (from whoever can reach the agent's socket: on the local
+    backend the host only, on Kubernetes other Pods): a client with the token is still served, and the
+    idle ones are closed after a short timeout instead of holding a thread each forever."""
+    import socket as socketlib
+    import time
+
+    async with running(backend) as (sb, agent):
+        path = sb.agent_url.removeprefix("unix://")
+        idle = []
+        try:
+            for _ in range(500):
+                s = socketlib.socket(socketlib.AF_UNIX)
+                s.connect(path)
+                idle.append(s)
+            assert (await agent.exec("echo served")).stdout == "served\n"
+            threads = int(next(line.split()[1] for line in Path(f"/proc/{agent_host_pid(sb)}/status")
+                               .read_text().splitlines() if line.startswith("Threads:")))
+            assert threads <= 256 + 8  # bounded by the connection limit, not by the attacker
+            # Each idle connection is closed by the agent (end of input) without ever being answered.
+            deadline = time.monotonic() + 60
+            for s in idle:
+                s.settimeout(max(deadline - time.monotonic(), 0.1))
+                assert s.recv(1) == b""
+        finally:
+            for s in idle:
+                s.close()
+        assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"

@@ -1,9 +1,8 @@
 """Start the agent: `python -m orchard_agent --listen unix:PATH|tcp:HOST:PORT|fd:N [--workdir DIR]
-[--user UID:GID]`.
+[--user UID:GID [--agent-user UID:GID]]`.
 
-With `--user`, the agent (started with CAP_SETUID, CAP_SETGID and CAP_SETPCAP, as the local backend
-starts it) becomes UID:GID, with no supplementary groups, and then drops every capability, the bounding
-set included, before it serves anything: it and every command it runs are that user without any way back.
+`--user`: the commands' user, and `--agent-user` the agent's own, set before anything is served; see
+identity.py.
 
 The token comes from ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN; both, and the
 PYTHONHOME/PYTHONPATH the agent was started with, are removed from the environment its children get. Once
@@ -64,56 +63,17 @@ def _parse_with_argparse(argv):
     parser.add_argument("--listen", required=True,
                         help="unix:PATH, tcp:HOST:PORT (port 0: any free one) or fd:N (an inherited socket)")
     parser.add_argument("--workdir", default=None, help="default cwd for commands and relative paths")
-    parser.add_argument("--user", default=None, help="UID:GID to become (then drop every capability)")
+    parser.add_argument("--user", default=None, help="UID:GID the commands run as (see identity.py)")
+    parser.add_argument("--agent-user", default=None, help="UID:GID of the agent itself")
     args = parser.parse_args(argv)
-    return args.listen, args.workdir, args.user
-
-
-PR_CAPBSET_DROP = 24
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_CLEAR_ALL = 4
-LINUX_CAPABILITY_VERSION_3 = 0x20080522
-CAP_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
-
-
-def become_user(user: str):
-    """setgroups([]), setresgid, setresuid to UID:GID, then no capabilities at all: bounding set, ambient,
-    inheritable, permitted, effective. Checked in /proc/self/status; any failure ends the agent."""
-    uid_text, _, gid_text = user.partition(":")
-    try:
-        uid, gid = int(uid_text), int(gid_text or uid_text)
-    except ValueError:
-        _fail("--user must be UID:GID, not %r" % user)
-    import ctypes  # only here: the import costs every sandbox start ~1 ms
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    ulong = ctypes.c_ulong
-    try:
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-    except OSError as exc:
-        _fail("cannot become uid %d gid %d: %s (the agent needs CAP_SETUID and CAP_SETGID)"
-              % (uid, gid, exc.strerror))
-    cap = 0
-    while libc.prctl(PR_CAPBSET_DROP, ulong(cap), ulong(0), ulong(0), ulong(0)) == 0:
-        cap += 1  # EINVAL past the last capability the kernel knows
-    libc.prctl(PR_CAP_AMBIENT, ulong(PR_CAP_AMBIENT_CLEAR_ALL), ulong(0), ulong(0), ulong(0))
-    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
-    libc.capset(header, (ctypes.c_uint32 * 6)())
-    with open("/proc/self/status") as f:
-        left = [line.split()[0] for line in f
-                if line.split(":")[0] in CAP_FIELDS and int(line.split()[1], 16) != 0]
-    if left or os.getresuid() != (uid, uid, uid) or os.getgroups():
-        _fail("could not drop every capability after becoming uid %d (still set: %s); the agent needs "
-              "CAP_SETPCAP to empty its bounding set" % (uid, " ".join(left) or "none"))
+    return args.listen, args.workdir, args.user, args.agent_user
 
 
 def parse_args(argv):
     """(listen, workdir). The command lines backends write (`--listen X --workdir Y`, or `--opt=X`) are
     read directly; anything else (--help, a typo, a missing value) goes to argparse, whose import (~1.5 ms)
     every sandbox's start would otherwise pay."""
-    options = {"--listen": None, "--workdir": None, "--user": None}
+    options = {"--listen": None, "--workdir": None, "--user": None, "--agent-user": None}
     i = 0
     while i < len(argv):
         name, equals, value = argv[i].partition("=")
@@ -126,15 +86,22 @@ def parse_args(argv):
         i += 1
     if options["--listen"] is None:
         return _parse_with_argparse(argv)
-    return options["--listen"], options["--workdir"], options["--user"]
+    return options["--listen"], options["--workdir"], options["--user"], options["--agent-user"]
 
 
 def main(argv=None):
-    listen, workdir_arg, user = parse_args(sys.argv[1:] if argv is None else argv)
+    listen, workdir_arg, user, agent_user = parse_args(sys.argv[1:] if argv is None else argv)
 
-    token = _read_token()  # first: once the agent is `user`, the token file is no longer readable
+    token = _read_token()  # first: once the agent has its identity, the token file is no longer readable
     if user:
-        become_user(user)
+        from . import identity
+
+        try:
+            identity.become(user, agent_user)
+        except identity.IdentityError as exc:
+            _fail(str(exc))
+    elif agent_user:
+        _fail("--agent-user needs --user (the commands' user)")
     for name in SCRUBBED_ENV:
         os.environ.pop(name, None)
     workdir = os.path.abspath(workdir_arg or os.getcwd())

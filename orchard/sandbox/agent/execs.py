@@ -12,11 +12,15 @@ import signal
 import subprocess
 import time
 
-from . import fields
+from . import fields, identity
 from .wire import ApiError, bad_request
 
 EXEC_FIELDS = ("command", "cwd", "env", "stdin", "timeout", "max_output_bytes")
 DEFAULT_MAX_OUTPUT = 1000000
+# What /exec (and a session's run) hold in memory per stream until the command ends, whatever
+# max_output_bytes asks: the agent shares the sandbox's memory, and a command's output must not be able
+# to exhaust it. /exec/stream holds nothing, so there max_output_bytes is taken as asked.
+MAX_BUFFERED_OUTPUT = 16 << 20
 READ_SIZE = 65536
 # While a command runs and is silent, how often to check whether it exited with its pipes still held open
 # by a background process it left behind (`server &`): then its result is returned without waiting for them.
@@ -62,7 +66,7 @@ class CommandRun:
             self.proc = subprocess.Popen(
                 spec.argv, cwd=spec.cwd, env=spec.env, start_new_session=True, close_fds=True,
                 stdin=subprocess.DEVNULL if spec.stdin is None else subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **identity.CHILD)
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
             # Reported like a shell would (127 not found / 126 not executable), as the command's own result.
             self.spawn_error = exc
@@ -218,7 +222,9 @@ class CommandRun:
 
 
 def handle_exec(req) -> dict:
-    run = CommandRun(ExecSpec(req.json(), req.context))
+    spec = ExecSpec(req.json(), req.context)
+    spec.max_output = min(spec.max_output, MAX_BUFFERED_OUTPUT)  # the rest is dropped, flagged truncated
+    run = CommandRun(spec)
     out = {"stdout": [], "stderr": []}
     run.pump(lambda name, data: out[name].append(data))
     result = run.result()

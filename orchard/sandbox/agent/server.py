@@ -10,6 +10,7 @@ import re
 import socket
 import socketserver
 import stat
+import threading
 import time
 
 from . import VERSION, execs, files, http1, sessions, tars
@@ -28,6 +29,14 @@ DRAIN_LIMIT = 1 << 20
 # After an error response to a client still sending a big body: how long to keep reading (and dropping) it,
 # so the client gets to read the response instead of a connection reset.
 LINGER_S = 2.0
+# Connections: at most this many at once (each is a thread). At the limit, a new one evicts the oldest that
+# has not yet made an authorized request, so idle connections without the token cannot lock clients out.
+MAX_CONNECTIONS = 256
+# How long a connection may keep the agent waiting (for a request head, a body, a read of its response)
+# before it is closed: briefly until it has made an authorized request, longer once it has (clients keep
+# idle connections for a few seconds; httpx: 5 s).
+UNAUTHENTICATED_TIMEOUT_S = 10.0
+AUTHENTICATED_TIMEOUT_S = 120.0
 
 
 def health(req) -> dict:
@@ -83,6 +92,8 @@ class AgentHandler(socketserver.StreamRequestHandler):
     def setup(self):
         # TCP_NODELAY: streamed responses are several writes, and Nagle would hold each back ~40 ms.
         self.disable_nagle_algorithm = self.server.address_family != socket.AF_UNIX
+        self.authenticated = False
+        self.request.settimeout(UNAUTHENTICATED_TIMEOUT_S)
         super().setup()
 
     def handle(self):
@@ -137,6 +148,10 @@ class AgentHandler(socketserver.StreamRequestHandler):
             raise ApiError(401, "unauthorized",
                            "missing or wrong token: send 'Authorization: Bearer <token>' with the token of "
                            "this sandbox")
+        if not self.authenticated:
+            self.authenticated = True
+            self.connection.settimeout(AUTHENTICATED_TIMEOUT_S)
+            self.server.mark_authenticated(self.request)
 
     def _dispatch(self):
         path, _, query = self.path.partition("?")
@@ -208,7 +223,37 @@ class _AgentServerBase(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     def __init__(self, address, context):
         self.context = context
+        self.track_connections()
         super().__init__(address, AgentHandler)
+
+    def track_connections(self):
+        self.connections = {}  # socket -> authorized yet; in the order accepted
+        self.connections_lock = threading.Lock()
+
+    def process_request(self, request, client_address):
+        with self.connections_lock:
+            if len(self.connections) >= MAX_CONNECTIONS:
+                victim = next((conn for conn, authorized in self.connections.items() if not authorized), None)
+                if victim is None:  # every one is a client's: the newcomer waits for none of them
+                    request.close()
+                    return
+                del self.connections[victim]
+                try:
+                    victim.shutdown(socket.SHUT_RDWR)  # its thread sees the end of input and finishes
+                except OSError:
+                    pass
+            self.connections[request] = False
+        super().process_request(request, client_address)
+
+    def mark_authenticated(self, request):
+        with self.connections_lock:
+            if request in self.connections:
+                self.connections[request] = True
+
+    def shutdown_request(self, request):
+        with self.connections_lock:
+            self.connections.pop(request, None)
+        super().shutdown_request(request)
 
 
 class TCPAgentServer(_AgentServerBase):
@@ -261,6 +306,7 @@ class InheritedAgentServer(_AgentServerBase):
             raise ValueError("fd %d is not a stream socket" % fd)
         self.address_family = sock.family
         self.context = context
+        self.track_connections()
         # TCPServer.__init__ would make and bind a socket of its own: only the base part is wanted.
         socketserver.BaseServer.__init__(self, sock.getsockname(), AgentHandler)
         self.socket = sock

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 
-from . import fields
+from . import execs, fields, identity
 from .wire import ApiError, bad_request, not_found
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -110,7 +110,8 @@ class ShellSession:
         executable, argv, self.is_bash = _shell_argv(self.env)
         self.proc = subprocess.Popen(
             argv, executable=executable, cwd=cwd, env=self.env, start_new_session=True, close_fds=True,
-            bufsize=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            bufsize=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            **identity.CHILD)
         self.pending = bytearray()  # output read past the end of the last command
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
@@ -340,8 +341,10 @@ def handle_run(req, name: str) -> dict:
         raise bad_request("command must be a non-empty shell string")
     if "\x00" in command:
         raise bad_request("command must not contain NUL bytes")
+    # Held in memory until the command ends: at most execs.MAX_BUFFERED_OUTPUT, whatever is asked.
     return session.run(command, fields.timeout(body),
-                       fields.positive_int(body, "max_output_bytes", DEFAULT_MAX_OUTPUT))
+                       min(fields.positive_int(body, "max_output_bytes", DEFAULT_MAX_OUTPUT),
+                           execs.MAX_BUFFERED_OUTPUT))
 
 
 def handle_interrupt(req, name: str) -> dict:

@@ -51,8 +51,10 @@ RUN_TMPFS_BYTES = 64 << 10  # /.orchard/run: the token and nothing else
 # Root's sandboxes: sandbox ids 0..REMAP_COUNT-1 are host ids REMAP_BASE.., and host root is REMAP_COUNT.
 REMAP_BASE = 100000
 REMAP_COUNT = 65535
-SANDBOX_USER = "0:0"  # what the agent and its commands run as inside: root of the sandbox, host 100000
-AGENT_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+SANDBOX_USER = "0:0"  # what the commands run as inside: root of the sandbox, host 100000
+# The agent's own: one its commands cannot signal, trace or read (host 165533).
+AGENT_USER = "65533:65533"
+AGENT_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL")
 
 
 def remaps_ids() -> bool:

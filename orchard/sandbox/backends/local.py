@@ -32,9 +32,9 @@ from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import cgroups
 from orchard.sandbox.backends.base import BackendSandbox
-from orchard.sandbox.backends.bwrap import (REMAP_BASE, SANDBOX_USER, SandboxPaths, bwrap_args, find_bwrap,
-                                            id_map, remaps_ids, sandbox_env, validate_disk, validate_image,
-                                            validate_network)
+from orchard.sandbox.backends.bwrap import (AGENT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths, bwrap_args,
+                                            find_bwrap, id_map, remaps_ids, sandbox_env, validate_disk,
+                                            validate_image, validate_network)
 from orchard.sandbox.backends.local_launch import (check_health, launch_argv, read_info, release_userns,
                                                    spawn, wait_ready_line, writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
@@ -195,7 +195,7 @@ class LocalBackend:
 
             agent_argv = bundle.launch_argv(listen=f"fd:{listener.fileno()}", workdir=spec.workdir)
             if remap:
-                agent_argv += ["--user", SANDBOX_USER]
+                agent_argv += ["--user", SANDBOX_USER, "--agent-user", AGENT_USER]
             owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
             proc, info_r, userns_w = spawn(
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),

@@ -1,0 +1,96 @@
+"""Who the agent and the commands it runs are (`--user`, `--agent-user`; Linux only).
+
+`--user UID:GID` alone: the agent becomes that user, with no supplementary groups, and drops every
+capability, bounding set included, before it serves: it and its commands are that user, with no way back.
+
+With `--agent-user A_UID:A_GID` as well, the agent keeps an identity of its own that its commands cannot
+signal, trace or read (/proc/<agent>/mem): it becomes A, keeping only CAP_SETUID, CAP_SETGID (to start
+commands as UID:GID) and CAP_KILL (to stop them); its bounding set is emptied, so no command can ever
+gain a capability; and its file system uid and gid are UID:GID, so files it reads and writes for clients
+are checked and owned as the commands' own would be. Both start from the capabilities CAP_SETUID,
+CAP_SETGID, CAP_SETPCAP (and CAP_KILL for the split), as the local backend starts the agent.
+
+Every step is checked in /proc/self/status; any failure ends the agent (exit status 2)."""
+
+from __future__ import annotations
+
+import os
+
+# Keyword arguments of subprocess.Popen for every command and shell: who they run as (empty: as the agent).
+CHILD = {}
+
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 5, 6, 7, 8
+AGENT_CAPS = (1 << CAP_KILL) | (1 << CAP_SETGID) | (1 << CAP_SETUID)
+
+
+class IdentityError(Exception):
+    pass
+
+
+def parse_ids(text: str, option: str):
+    uid, _, gid = text.partition(":")
+    try:
+        return int(uid), int(gid or uid)
+    except ValueError:
+        raise IdentityError("%s must be UID:GID, not %r" % (option, text))
+
+
+def _status() -> dict:
+    with open("/proc/self/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def become(user: str, agent_user: str = None):
+    """See the module's docstring. Must run before any thread starts (the uid changes are per process,
+    the file system ids are inherited by threads started afterwards)."""
+    uid, gid = parse_ids(user, "--user")
+    own_uid, own_gid = parse_ids(agent_user, "--agent-user") if agent_user else (uid, gid)
+    import ctypes  # only here: the import costs every sandbox start about a millisecond
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ulong = ctypes.c_ulong
+
+    def check(result, what):
+        if result != 0:
+            err = ctypes.get_errno()
+            raise IdentityError("%s failed: %s" % (what, os.strerror(err)))
+
+    def capset(mask: int):
+        header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+        low, high = mask & 0xFFFFFFFF, mask >> 32
+        check(libc.capset(header, (ctypes.c_uint32 * 6)(low, low, 0, high, high, 0)), "capset")
+
+    try:
+        os.setgroups([])
+        os.setresgid(own_gid, own_gid, own_gid)
+        os.setresuid(own_uid, own_uid, own_uid)
+    except OSError as exc:
+        raise IdentityError("cannot become uid %d gid %d: %s (the agent needs CAP_SETUID and CAP_SETGID)"
+                            % (own_uid, own_gid, exc.strerror))
+    keep = AGENT_CAPS if agent_user else 0
+    if agent_user:  # (no uid 0 was involved, so the kernel left the capabilities as they were)
+        capset(keep | (1 << CAP_SETPCAP))
+    cap = 0
+    while libc.prctl(PR_CAPBSET_DROP, ulong(cap), ulong(0), ulong(0), ulong(0)) == 0:
+        cap += 1  # EINVAL past the last capability the kernel knows
+    check(libc.prctl(PR_CAP_AMBIENT, ulong(PR_CAP_AMBIENT_CLEAR_ALL), ulong(0), ulong(0), ulong(0)),
+          "clearing the ambient capabilities")
+    capset(keep)
+    if agent_user:
+        libc.setfsgid(gid)
+        libc.setfsuid(uid)
+        CHILD.update(user=uid, group=gid, extra_groups=[])
+    status = _status()
+    caps = {name: int(status[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    expected = {"CapInh": 0, "CapPrm": keep, "CapEff": keep, "CapBnd": 0, "CapAmb": 0}
+    ids_ok = (status["Uid"].split() == [str(own_uid)] * 3 + [str(uid)]
+              and status["Gid"].split() == [str(own_gid)] * 3 + [str(gid)] and not os.getgroups())
+    if caps != expected or not ids_ok:
+        raise IdentityError("could not set the agent's identity: ids %s / %s, capabilities %s (expected "
+                            "%s); the agent needs CAP_SETUID, CAP_SETGID and CAP_SETPCAP"
+                            % (status["Uid"], status["Gid"], {k: hex(v) for k, v in caps.items()},
+                               {k: hex(v) for k, v in expected.items()}))
