@@ -24,7 +24,14 @@ from orchard.core.errors import (
     AuthError, ExecTimeout, InvalidRequest, NotFound, OrchardError, PayloadTooLarge, SandboxLost,
     error_from_code,
 )
-from orchard.core.sandbox import ExecEvent, ExecResult, FileInfo, SessionResult
+from orchard.core.sandbox import (
+    DOWNLOAD_MAX_BYTES,
+    READ_FILE_MAX_BYTES,
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    SessionResult,
+)
 from orchard.sandbox import tar_stream
 
 _CONNECT_RETRY_DELAYS_S = (0.1, 0.4)
@@ -34,8 +41,6 @@ _READ_TIMEOUT_S = 120.0  # files, stat, sessions without a timeout of their own
 _TIMEOUT_MARGIN_S = 30.0  # on top of a command's own timeout: the agent kills and answers within it
 # Caps on what a sandbox can make this process hold or write (a sandbox is untrusted: a 3 GB sparse file
 # costs it nothing). Callers raise them per call with `max_bytes`.
-READ_FILE_MAX_BYTES = 64 << 20  # read_file: bytes held in memory
-DOWNLOAD_MAX_BYTES = 1 << 30  # download: bytes received and written to disk
 _ERROR_BODY_MAX = 1 << 20  # an agent's error bodies are a few hundred bytes
 _ERROR_BY_STATUS: dict[int, type[OrchardError]] = {
     400: InvalidRequest, 401: AuthError, 404: NotFound, 408: ExecTimeout, 413: PayloadTooLarge}
