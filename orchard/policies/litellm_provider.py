@@ -1,6 +1,7 @@
 """The oracle and smollm2 as the litellm provider `orchard` (litellm's own extension point: a `CustomLLM`
 in `litellm.custom_provider_map`), so the gateway calls them like any model (`orchard/oracle`,
-`orchard/smollm2`) and records, budgets and streams their calls the same way.
+`orchard/smollm2`) and records, budgets and streams their calls the same way; policies served at run time
+(orchard/policies/live.py, e.g. the model being trained) are reached the same way under their names.
 
 The gateway passes the call's rollout key in litellm's `metadata` (`orchard_rollout_key`): the oracle
 needs it to find its task. Orchard's typed errors become `CustomLLMError`s with the error's HTTP status,
@@ -21,7 +22,7 @@ from litellm import CustomLLM, ModelResponse
 from litellm.llms.custom_llm import CustomLLMError
 
 from orchard.core.errors import OrchardError
-from orchard.policies import oracle, smollm2
+from orchard.policies import live, oracle, smollm2
 
 PROVIDER = "orchard"
 ROLLOUT_KEY_METADATA = "orchard_rollout_key"
@@ -62,6 +63,13 @@ def _answer(model: str, messages: list[dict[str, Any]], params: dict[str, Any], 
             if params.get("tool_choice") == "none":
                 tools = None
             done = smollm2.complete(messages, tools, params, timeout_s=timeout_s)
+            body = completion_body(done.model, done.message, done.finish_reason,
+                                   prompt_token_ids=done.prompt_token_ids,
+                                   completion_token_ids=done.completion_token_ids,
+                                   logprobs=[_logprob_entry(entry) for entry in done.logprobs])
+        elif (policy := live.get(model)) is not None:  # a model served at run time (e.g. one in training)
+            rollout_key = (litellm_params.get("metadata") or {}).get(ROLLOUT_KEY_METADATA)
+            done = policy.complete(messages, tools, params, rollout_key=rollout_key, timeout_s=timeout_s)
             body = completion_body(done.model, done.message, done.finish_reason,
                                    prompt_token_ids=done.prompt_token_ids,
                                    completion_token_ids=done.completion_token_ids,

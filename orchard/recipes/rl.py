@@ -1,0 +1,134 @@
+"""`orchard train rl`: GRPO (TRL `GRPOTrainer`) with rollouts that are real trials — a harness on real tasks
+in Orchard sandboxes, graded by the task's grader — and BAR deciding how many rollouts each task gets.
+
+    result = train_rl(RLConfig(model="runs/smollm2-sft", suite="swe-mini", tasks=[...], max_steps=1))
+
+The policy being trained answers the harness through the run's gateway (`TrainingPolicy`, in-process
+transformers generation on CPU); the trainer reads the gateway's records — the ids the policy sampled, its
+logprobs, the environment's tokens between turns (`env_mask` 0) — and the grader's reward.
+
+On a GPU, generation belongs in vLLM: start `trl vllm-serve --model DIR` (or vLLM's OpenAI server) and set
+`RLConfig.policy_route` to it (`hosted_vllm/...` with `return_token_ids`); the gateway records its ids and
+logprobs the same way, and TRL's `use_vllm=True, vllm_mode="server"` keeps its weights in sync."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchard.core.errors import InvalidRequest
+from orchard.core.harness import SamplingParams
+from orchard.eval.run_config import TrialTimeouts
+from orchard.eval.suites import load_suite, select_tasks
+from orchard.gateway.config import ModelRoute
+from orchard.recipes.bar import BarConfig, Strategy
+from orchard.recipes.rl_env import RolloutEnv
+from orchard.recipes.rl_policy import Forced, TrainingPolicy
+from orchard.recipes.rl_rollout_func import BarRolloutFunc, StepReport, orchard_reward
+
+TINY_MODEL = "tiny-qwen3"  # a random-init tiny Qwen3 with SmolLM2's tokenizer (tests, smoke runs)
+
+
+class RLConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(default=TINY_MODEL, description=f"a model directory (transformers), or {TINY_MODEL!r}")
+    out: Path = Field(default=Path("runs/rl"), description="checkpoint, metrics.json")
+    suite: str = "swe-mini"
+    tasks: list[str] | None = Field(default=None, description="task ids (default: the whole suite)")
+    harness: str = "react"
+    harness_options: dict[str, Any] = Field(default_factory=lambda: {"step_limit": 4})
+    num_generations: int = Field(default=4, ge=2, description="G: rollouts per task in a training group")
+    tasks_per_step: int = Field(default=1, ge=1, description="tasks (groups) per training step")
+    max_steps: int = Field(default=1, ge=1)
+    learning_rate: float = Field(default=1e-5, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
+    max_tokens: int = Field(default=128, ge=1, description="per model call")
+    strategy: Strategy = "bar"
+    bar: BarConfig = Field(default_factory=BarConfig)
+    parallel: int = Field(default=1, ge=1, description="rollouts (sandboxes) at once")
+    agent_timeout_s: float = Field(default=600, gt=0)
+    seed: int = 0
+    policy_route: ModelRoute | None = Field(
+        default=None, description="serve the policy from this gateway route (e.g. a vLLM server) instead of "
+                                  "in-process generation")
+
+
+class RLResult(BaseModel):
+    out: Path
+    steps: int
+    losses: list[float]
+    weights_changed: bool
+    reports: list[dict[str, Any]]
+    train_s: float
+    rollout_s: float
+
+
+def load_policy_model(name: str, *, seed: int = 0) -> tuple[Any, Any]:
+    """(model, tokenizer): the tiny random Qwen3, or a transformers model directory (offline)."""
+    from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
+
+    if name == TINY_MODEL:
+        tokenizer = smollm2_tokenizer()
+        return tiny_qwen3(tokenizer, seed=seed), tokenizer
+    import transformers
+
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise InvalidRequest(f"--model {name}: not a model directory (no config.json) and not {TINY_MODEL!r}; "
+                             "give a directory saved by transformers (e.g. `orchard train sft`'s output)")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype="float32")
+    return model, tokenizer
+
+
+def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callable[[StepReport], None] | None = None,
+             model_and_tokenizer: tuple[Any, Any] | None = None) -> RLResult:
+    """Train; returns the losses and each step's rollout report (also written to OUT/metrics.json)."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    suite = load_suite(config.suite)
+    tasks = {task.id: task for task in select_tasks(suite, config.tasks)}
+    model, tokenizer = model_and_tokenizer or load_policy_model(config.model, seed=config.seed)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    before = [p.detach().clone() for p in model.parameters()]
+    policy = TrainingPolicy(model, tokenizer, forced=forced) if config.policy_route is None else None
+    sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=None)
+    batch = config.tasks_per_step * config.num_generations
+    args = GRPOConfig(
+        output_dir=str(config.out), per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+        num_generations=config.num_generations, max_steps=config.max_steps, learning_rate=config.learning_rate,
+        temperature=config.temperature, beta=0.0, logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=not torch.cuda.is_available(), seed=config.seed, max_completion_length=1 << 16,
+        disable_tqdm=True)
+    dataset = Dataset.from_list([{"prompt": task_id} for task_id in tasks])
+    started = time.monotonic()
+    with RolloutEnv(policy, harness=config.harness, harness_options=config.harness_options, sampling=sampling,
+                    parallel=config.parallel, route=config.policy_route,
+                    timeouts=TrialTimeouts(agent_s=config.agent_timeout_s,
+                                           trial_s=config.agent_timeout_s + 1200)) as env:
+        rollout_func = BarRolloutFunc(env=env, tasks=tasks, pad_id=tokenizer.pad_token_id,
+                                      strategy=config.strategy, bar=config.bar, on_step=on_step)
+        trainer = GRPOTrainer(model=model, reward_funcs=[orchard_reward], args=args, train_dataset=dataset,
+                              processing_class=tokenizer, rollout_func=rollout_func)
+        trainer.train()
+    elapsed = time.monotonic() - started
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+    config.out.mkdir(parents=True, exist_ok=True)
+    trainer.save_model(str(config.out / "final"))
+    rollout_s = sum(r.rollout_s for r in rollout_func.reports)
+    result = RLResult(out=config.out, steps=trainer.state.global_step, losses=losses, weights_changed=changed,
+                      reports=[vars(r) for r in rollout_func.reports], train_s=elapsed - rollout_s,
+                      rollout_s=rollout_s)
+    (config.out / "metrics.json").write_text(json.dumps(json.loads(result.model_dump_json()), indent=2) + "\n")
+    return result

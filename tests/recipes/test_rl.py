@@ -1,0 +1,141 @@
+"""`orchard train rl` pieces on real parts: the tiny random Qwen3 served through the run's real gateway as
+the policy, the react harness on a swe-mini task in real sandboxes, graded by the real grader.
+
+- token in, token out: over a long multi-turn rollout, every call's prompt ids start with exactly the
+  previous call's prompt + sampled ids, and the GRPO sample is those ids, token by token;
+- a GRPO step (TRL GRPOTrainer + rollout_func, BAR) changes the weights, trains only the policy's tokens
+  (env_mask 0 on tool results), and masks an infrastructure-error rollout instead of scoring it 0;
+- sample building and slot filling on recorded calls (fast, no sandbox)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchard.core.harness import SamplingParams
+from orchard.core.trajectory import LLMCall
+from orchard.eval.suites import load_suite
+from orchard.recipes.rl_samples import placeholder, sample_from_calls
+from tests.recipes.rl_rig import Dictated
+
+TASK_ID = "orchard__pagekit-112"
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield torch
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from orchard.recipes.tiny_models import smollm2_tokenizer
+
+    return smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_suite("swe-mini").get(TASK_ID)
+
+
+def _call(index: int, prompt: list[int], completion: list[int]) -> LLMCall:
+    return LLMCall(id=f"c{index}", prompt_token_ids=prompt, completion_token_ids=completion,
+                   logprobs=[-0.5] * len(completion))
+
+
+def test_sample_is_the_recorded_ids_with_env_tokens_masked():
+    calls = [_call(1, [1, 2, 3], [10, 11]), _call(2, [1, 2, 3, 10, 11, 7, 8], [12]),
+             _call(3, [1, 2, 3, 10, 11, 7, 8, 12, 9], [13, 14])]
+    prompt, completion, logprobs, mask, used, drift = sample_from_calls(calls)
+    assert prompt == [1, 2, 3] and drift is None and used == 3
+    assert completion == [10, 11, 7, 8, 12, 9, 13, 14]
+    assert mask == [1, 1, 0, 0, 1, 0, 1, 1]
+    assert logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5, 0.0, -0.5, -0.5]
+
+
+def test_a_rewritten_history_is_reported_and_only_the_consistent_prefix_trained():
+    calls = [_call(1, [1, 2], [10]), _call(2, [1, 2, 10, 5], [11]), _call(3, [1, 99, 10, 5, 11, 6], [12])]
+    prompt, completion, _, mask, used, drift = sample_from_calls(calls)
+    assert used == 2 and completion == [10, 5, 11] and mask == [1, 0, 1]
+    assert "call 3 of 3" in drift and "token 1" in drift
+
+
+def test_a_placeholder_trains_nothing_and_has_no_reward():
+    sample = placeholder(0, task_id="t", note="infrastructure error, masked")
+    assert sample.reward is None and sample.env_mask == [0] and sample.trained_tokens == 0
+
+
+@pytest.mark.slow
+def test_token_in_token_out_has_zero_drift_over_a_long_multi_turn_rollout(torch_one_thread, tokenizer, task):
+    from orchard.recipes.rl_env import RolloutEnv
+    from orchard.recipes.rl_policy import TrainingPolicy
+    from orchard.recipes.rl_samples import rollout_sample
+    from orchard.recipes.tiny_models import tiny_qwen3
+
+    policy = TrainingPolicy(tiny_qwen3(tokenizer), tokenizer)
+    with RolloutEnv(policy, harness_options={"step_limit": 12},
+                    sampling=SamplingParams(temperature=1.0, max_tokens=16)) as env:
+        trajectory = env.rollout(task)
+    calls = trajectory.llm_calls
+    assert trajectory.exit_status == "step_limit" and len(calls) == 12
+    for previous, call in zip(calls, calls[1:]):  # each prompt extends the last prompt + what was sampled
+        sequence = previous.prompt_token_ids + previous.completion_token_ids
+        assert call.prompt_token_ids[:len(sequence)] == sequence
+    sample = rollout_sample(trajectory, tokenizer.pad_token_id or 0)
+    assert sample.drift is None and sample.calls == 12 and sample.reward == 0.0
+    assert sample.prompt_ids == calls[0].prompt_token_ids
+    full = sample.prompt_ids + sample.completion_ids
+    assert full[:len(calls[-1].prompt_token_ids)] == calls[-1].prompt_token_ids
+    trained = [t for t, m in zip(sample.completion_ids, sample.env_mask) if m]
+    assert trained == [t for call in calls for t in call.completion_token_ids]  # token by token
+    assert [lp for lp, m in zip(sample.logprobs, sample.env_mask) if m] == pytest.approx(
+        [lp for call in calls for lp in call.logprobs])
+    environment = tokenizer.decode([t for t, m in zip(sample.completion_ids, sample.env_mask) if not m])
+    assert environment.count("<|im_start|>user") == 11  # the harness's 11 replies, none of them trained
+    assert environment.count("<|im_start|>assistant") == 11
+
+
+@pytest.mark.slow
+def test_a_grpo_step_on_real_rollouts_changes_the_weights_masks_env_tokens_and_an_error(torch_one_thread,
+                                                                                         tokenizer, task, tmp_path,
+                                                                                         monkeypatch):
+    from orchard.recipes.rl import RLConfig, train_rl
+    from orchard.recipes.tiny_models import tiny_qwen3
+
+    reports = []
+    dictated = Dictated(task, ["error", "solve", "fail"])
+    config = RLConfig(out=tmp_path / "rl", tasks=[TASK_ID], num_generations=2, max_steps=1, learning_rate=1e-2,
+                      harness_options={"step_limit": 4}, max_tokens=16, parallel=1)
+    captured = {}
+    from orchard.recipes.rl_rollout_func import BarRolloutFunc
+
+    original = BarRolloutFunc.__call__
+
+    def capture(self, prompts, trainer):  # what the trainer got, as it got it
+        captured["output"] = original(self, prompts, trainer)
+        return captured["output"]
+
+    monkeypatch.setattr(BarRolloutFunc, "__call__", capture)
+    result = train_rl(config, forced=dictated, on_step=reports.append,
+                      model_and_tokenizer=(tiny_qwen3(tokenizer), tokenizer))
+    assert list(dictated.seen.values()) == ["error", "solve", "fail"]
+    (report,) = reports
+    assert report.rollouts == 3 and report.errors == 1  # the error was replaced, not scored
+    assert report.groups == 1 and report.informative_groups == 1 and report.placeholders == 0
+    output = captured["output"]
+    assert sorted(output["rollout_reward"]) == [0.0, 1.0] and None not in output["rollout_reward"]
+    assert result.steps == 1 and result.weights_changed and result.losses
+    solved = output["rollout_reward"].index(1.0)
+    for index, (completion, mask) in enumerate(zip(output["completion_ids"], output["env_mask"])):
+        assert len(completion) == len(mask) and sum(mask) > 0
+        env_text = tokenizer.decode([t for t, m in zip(completion, mask) if not m])
+        model_text = tokenizer.decode([t for t, m in zip(completion, mask) if m])
+        assert "<tool_call>" in model_text and "<tool_call>" not in env_text
+        assert "<tool_response>" not in model_text
+        if index == solved:  # three turns: apply the patch, check, submit; two tool results between them
+            assert env_text.count("<tool_response>") == 2 and model_text.count("<tool_call>") == 3
+        else:  # gave up at once: one turn, nothing from the environment
+            assert env_text == "" and model_text.count("<tool_call>") == 1
