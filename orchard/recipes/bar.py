@@ -282,7 +282,10 @@ class Allocator:
             positives = sum(self._positive(r) for r in valid)
             record.positives += positives
             record.negatives += len(valid) - positives
-            record.retired = retired
+            # retired for the run only while every rollout so far agreed: a task that has shown both
+            # rewards stays in play after one unlucky step
+            record.retired = retired if retired == "errors" or not (record.positives and record.negatives) \
+                else None
         if group is not None and len(self._groups) < self.batch_groups:
             self._groups.append(TrainingGroup(state.prompt_id, tuple(group), spent=len(state.results)))
         elif group is not None:

@@ -145,3 +145,13 @@ def test_unknown_strategy_and_prompt_are_refused():
         make_allocator("ppo", ["a"], batch_groups=1)  # type: ignore[arg-type]
     with pytest.raises(KeyError):
         BalancedAllocator(["a"], batch_groups=1).record("b", 1.0)
+
+
+def test_a_task_that_showed_both_rewards_is_not_retired_for_the_run_by_one_unlucky_step():
+    history = PromptHistory()
+    config = BarConfig(group_size=2, retire_after=2, max_rollouts=4)
+    rewards = iter([1.0, 0.0])
+    drive(BalancedAllocator(["t"], batch_groups=1, config=config, history=history), lambda _: next(rewards))
+    assert history.get("t").positives == 1 and history.get("t").negatives == 1
+    unlucky = drive(BalancedAllocator(["t"], batch_groups=1, config=config, history=history), lambda _: 0.0)
+    assert unlucky.retired() == {"t": "all_fail"} and not history.is_retired("t")  # this step only
