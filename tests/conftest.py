@@ -3,6 +3,7 @@
 import pytest
 
 from tests.harness_rig import gateway_in_front_of, scripted_model
+from tests.running_server import remove_live_sandboxes
 
 
 @pytest.fixture(scope="module")
@@ -17,3 +18,12 @@ def gateway(scripted):
     """Orchard's real gateway in front of the scripted server."""
     with gateway_in_front_of(scripted) as gw:
         yield gw
+
+
+@pytest.fixture
+def sandbox_home(tmp_path):
+    """A private state home for embedded sandboxes; whatever a failed test left running is removed."""
+    directory = tmp_path / "home"
+    directory.mkdir()
+    yield directory
+    remove_live_sandboxes(directory)

@@ -78,6 +78,15 @@ def scripted_model() -> Iterator[ScriptedModel]:
         listener.close()
 
 
+SCRIPTED = "scripted"  # the evaluator's gateway alias for the scripted server in eval tests
+
+
+def scripted_config(model: ScriptedModel) -> GatewayConfig:
+    """An evaluation's gateway config serving the scripted server as the model `scripted`."""
+    return GatewayConfig(models={SCRIPTED: ModelRoute(model="openai/scripted", api_base=f"{model.url}/v1",
+                                                      api_key="unused")})
+
+
 @contextlib.contextmanager
 def gateway_in_front_of(scripted: ScriptedModel) -> Iterator[LocalGateway]:
     """The real gateway (HTTP, API key) routing the alias `policy` to the scripted server through litellm,

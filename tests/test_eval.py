@@ -36,32 +36,16 @@ from orchard.eval.suites import EVAL_DIR_ENV, available_suites, load_suite
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.sandbox.client import AsyncOrchard
-from tests.harness_rig import ScriptedModel, scripted_model, tool_calls
-from tests.running_server import free_port, live_sandbox_ids, remove_live_sandboxes
+from tests.harness_rig import SCRIPTED, scripted_config, tool_calls
+from tests.running_server import free_port, live_sandbox_ids
 
 PAGEKIT, LOGSTAMP, CSVLITE = "orchard__pagekit-112", "orchard__logstamp-57", "orchard__csvlite-23"
-SCRIPTED = "scripted"  # the gateway alias of the scripted model server in these tests
 cli = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def scripted():
-    with scripted_model() as model:
-        yield model
-
-
 @pytest.fixture
-def home(tmp_path):
-    """A private state home for the embedded sandboxes; whatever a failed test left running is removed."""
-    directory = tmp_path / "home"
-    directory.mkdir()
-    yield directory
-    remove_live_sandboxes(directory)
-
-
-def scripted_config(model: ScriptedModel) -> GatewayConfig:
-    return GatewayConfig(models={SCRIPTED: ModelRoute(model="openai/scripted", api_base=f"{model.url}/v1",
-                                                      api_key="unused")})
+def home(sandbox_home):
+    return sandbox_home
 
 
 async def evaluate(home: Path, out: Path, *, model: str, config: GatewayConfig, tasks: list[str] | None,

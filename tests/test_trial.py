@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from orchard.cli.main import app
 from orchard.core.errors import GraderError
 from orchard.core.jsonl import read_jsonl
-from orchard.core.task import SWETestsGrader, Task, TaskEnvironment
+from orchard.core.task import Task, TaskEnvironment
 from orchard.core.trajectory import LLMCall, Trajectory
 from orchard.eval.grading import grade_swe_patch
 from orchard.eval.partial import CALLS_FILE
@@ -29,33 +29,18 @@ from orchard.eval.patch import extract_patch, snapshot_base
 from orchard.eval.results import RESULTS_FILE, TRAJECTORIES_FILE
 from orchard.eval.suites import load_suite
 from orchard.eval.task_sandbox import create_task_sandbox
-from orchard.gateway.config import GatewayConfig, ModelRoute
+from orchard.gateway.config import GatewayConfig
 from orchard.sandbox.client import AsyncOrchard
-from tests.harness_rig import SWE_MINI_DIR, ScriptedModel, scripted_model, tool_calls
+from tests.harness_rig import SCRIPTED, SWE_MINI_DIR, ScriptedModel, scripted_config, tool_calls
 from tests.running_server import remove_live_sandboxes
 
 PAGEKIT, LOGSTAMP = "orchard__pagekit-112", "orchard__logstamp-57"
-SCRIPTED = "scripted"
 cli = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def scripted():
-    with scripted_model() as model:
-        yield model
-
-
 @pytest.fixture
-def home(tmp_path):
-    directory = tmp_path / "home"
-    directory.mkdir()
-    yield directory
-    remove_live_sandboxes(directory)
-
-
-def scripted_config(model: ScriptedModel) -> GatewayConfig:
-    return GatewayConfig(models={SCRIPTED: ModelRoute(model="openai/scripted", api_base=f"{model.url}/v1",
-                                                      api_key="unused")})
+def home(sandbox_home):
+    return sandbox_home
 
 
 async def evaluate(home: Path, out: Path, scripted: ScriptedModel, tasks: list[str], **options):

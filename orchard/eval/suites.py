@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 import orchard
-from orchard.core.errors import InvalidRequest, NotFound
+from orchard.core.errors import NotFound
 from orchard.core.jsonl import read_jsonl
 from orchard.core.task import SWEBENCH_WORKDIR, SWEBenchInstance, Task, TaskEnvironment, TaskFile
 from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite

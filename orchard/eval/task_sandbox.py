@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shlex
 import sys
 from typing import Any
 

@@ -27,7 +27,6 @@ from pydantic import SecretStr
 
 from orchard.core.errors import (
     BackendError,
-    GraderError,
     InvalidRequest,
     ModelError,
     OrchardError,
