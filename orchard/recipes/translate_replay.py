@@ -1,0 +1,108 @@
+"""Replay a trajectory's tool calls with its own harness's tools in a fresh task sandbox, and take the
+working-tree diff as the evaluator takes it (`orchard.eval.patch`). It checks a translation: a translated
+trajectory, replayed by the target harness's tools, must leave the same diff as the source. What each call
+printed comes back too, to use as the translated trajectory's observations.
+
+react's calls run through its `SandboxTools`; mini-swe-agent's through its `Environment` on the sandbox (the
+package's synchronous protocol, in a thread, bridged to this event loop as the harness runs it). A call
+that submits ends the replay, as it ends the run."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchard.core.task import Task
+from orchard.core.trajectory import Trajectory
+from orchard.eval.patch import extract_patch, snapshot_base
+from orchard.eval.task_sandbox import create_task_sandbox
+from orchard.sandbox.client import AsyncOrchard
+
+
+@dataclass
+class ReplayResult:
+    patch: str
+    observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> what the tool printed
+    calls_run: int = 0
+
+
+class _ReactRunner:
+    def __init__(self, sandbox: Any, workdir: str) -> None:
+        from orchard.harnesses.react.config import ReActConfig
+        from orchard.harnesses.react.tools import SandboxTools, truncate_middle
+
+        config = ReActConfig()
+        self.tools = SandboxTools(sandbox, workdir, command_timeout_s=config.command_timeout_s)
+        self.limit, self.truncate = config.max_observation_chars, truncate_middle
+
+    async def run(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        result = await self.tools.call(name, arguments)
+        return self.truncate(result.content, self.limit), result.submitted
+
+
+class _MiniRunner:
+    def __init__(self, sandbox: Any, workdir: str) -> None:
+        from orchard.harnesses.mini_swe_agent import MiniSweAgentHarness
+        from orchard.harnesses.mini_swe_agent.bridge import LoopBridge
+        from orchard.harnesses.mini_swe_agent.environment import OrchardSandboxEnvironment
+        from orchard.recipes.translate_dialects import MiniSweAgentDialect, Observed
+
+        harness = MiniSweAgentHarness()
+        self.bridge = LoopBridge(asyncio.get_running_loop())
+        self.environment = OrchardSandboxEnvironment(sandbox=sandbox, bridge=self.bridge, system_info={},
+                                                     **{**(harness.config.get("environment") or {}), "cwd": workdir})
+        self.dialect, self.observed = MiniSweAgentDialect(), Observed
+
+    async def run(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        from minisweagent.exceptions import Submitted
+
+        from orchard.harnesses.mini_swe_agent.bridge import run_in_thread
+
+        try:
+            output = await run_in_thread(lambda: self.environment.execute({"command": arguments.get("command", "")}),
+                                         self.bridge, name="replay")
+        except Submitted:
+            return "", True
+        observed = self.observed(output["output"], output["returncode"])
+        return self.dialect.result_text(name, observed), False
+
+
+RUNNERS = {"react": _ReactRunner, "mini-swe-agent": _MiniRunner}
+
+
+async def replay_patch(orch: AsyncOrchard, task: Task, trajectory: Trajectory, *, up_to_step: int | None = None,
+                       sandbox: Any = None) -> ReplayResult:
+    """Run `trajectory`'s tool calls (its agent steps up to `up_to_step`, all by default) with its harness's
+    tools in a fresh sandbox of `task` (or in `sandbox`, already set up and left open), and return the diff
+    they leave against the state after setup."""
+    runner_class = RUNNERS.get(trajectory.agent.name)
+    if runner_class is None:
+        raise ValueError(f"no replay for harness {trajectory.agent.name!r}; replay knows {', '.join(RUNNERS)}")
+    own = sandbox is None
+    if own:
+        sandbox = await create_task_sandbox(orch, task)
+    try:
+        workdir = task.environment.workdir
+        base = await snapshot_base(sandbox, workdir)
+        runner = runner_class(sandbox, workdir)
+        result = ReplayResult(patch="")
+        for step in trajectory.steps:
+            if up_to_step is not None and step.step_id > up_to_step:
+                break
+            if step.source != "agent" or step.is_copied_context:
+                continue
+            submitted = False
+            for call in step.tool_calls:
+                if submitted:
+                    break
+                text, submitted = await runner.run(call.function_name, call.arguments)
+                result.observations[call.tool_call_id] = text
+                result.calls_run += 1
+            if submitted:
+                break
+        result.patch = await extract_patch(sandbox, workdir, base)
+        return result
+    finally:
+        if own:
+            await sandbox.close()
