@@ -17,6 +17,7 @@ from orchard.cli import gateway as gateway_cli
 from orchard.cli import harness as harness_cli
 from orchard.cli import report as report_cli
 from orchard.cli import sandbox as sandbox_cli
+from orchard.cli import train as train_cli
 from orchard.cli.sandbox import err, fail, out
 from orchard.core.errors import OrchardError
 from orchard.sandbox.backends.registry import available_backends
@@ -27,6 +28,7 @@ app.add_typer(sandbox_cli.app, name="sandbox")
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(harness_cli.app, name="harness")
 app.add_typer(export_cli.app, name="export")
+app.add_typer(train_cli.app, name="train")
 app.command("report")(report_cli.report)
 app.command("gateway")(gateway_cli.gateway)
 
