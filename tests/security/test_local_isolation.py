@@ -120,6 +120,9 @@ async def test_memory_backed_mounts_are_bounded(backend):
     async with running(backend, SandboxSpec(memory_mb=96)) as (_, agent):
         written = await fill(agent, ["/dev/shm"])
         assert written["/dev/shm"] <= 24 * MIB
+        # A full /dev/shm leaves the agent (which shares memory_mb) room to answer and run commands.
+        r = await agent.exec("python3 -c \"b = bytearray(16 << 20); print('allocated')\"")
+        assert r.stdout == "allocated\n", r
         types = (await agent.exec("stat -f -c %T /tmp /run /dev/shm")).stdout.split()
         assert types[:2] != ["tmpfs", "tmpfs"] and types[2] == "tmpfs"
     async with running(backend) as (_, agent):
@@ -224,6 +227,8 @@ async def test_the_workload_cannot_open_its_agents_memory(backend):
                        f"ls -l /proc/{pid}/fd/", f"cat /proc/{pid}/maps"):
             r = await agent.exec(attack)
             assert r.exit_code != 0 and "ermission denied" in r.stderr, (attack, r)
+        r = await agent.exec(f"strace -p {pid} -o /dev/null", timeout=30)  # ptrace: refused as well
+        assert r.exit_code != 0 and "ermitted" in r.stderr, r
         assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
 
 
@@ -236,17 +241,28 @@ def agent_host_pid(sb) -> int:
     return pid
 
 
-async def test_the_workload_cannot_stop_or_kill_its_agent(backend):
-    """The agent has a uid of its own (inside 65533, host 165533) that the workload (uid 0 inside, with no
-    capabilities) may not signal or trace; the workload's own processes are still its to signal."""
-    async with running(backend) as (_, agent):
+@pytest.fixture
+async def apart_backend(tmp_path, bundle_cache):
+    b = LocalBackend(tmp_path / "apart", bundle_cache_dir=bundle_cache, agent_apart=True)
+    yield b
+    for sb in await b.list_live():
+        await b.delete(sb)
+    await b.close()
+
+
+@needs_root
+async def test_an_agent_apart_cannot_be_stopped_or_killed_by_its_workload(apart_backend):
+    """With `agent_apart`, the agent has a uid of its own (inside 65533, host 165533) that the workload
+    (uid 0 inside, with no capabilities) may not signal or trace; the workload's own processes are still
+    its to signal, and files the agent writes are still the workload's."""
+    async with running(apart_backend) as (_, agent):
         pid = (await agent.health())["pid"]
         for attack in (f"kill -STOP {pid}", f"kill -KILL {pid}", f"kill -STOP 1",
                        f"python3 -c 'import os, signal; os.kill({pid}, signal.SIGSTOP)'",
                        f"strace -p {pid} -o /dev/null || gdb -p {pid} -batch || false"):
             r = await agent.exec(attack, timeout=30)
             assert r.exit_code != 0, (attack, r)
-        assert (await agent.exec(f"kill -0 {pid}; echo $?")).stdout == "1\n"
+        assert (await agent.exec(f"kill -0 {pid} 2>/dev/null; echo $?")).stdout == "1\n"
         assert (await agent.exec("sleep 30 & kill -STOP $! && kill -KILL $! && echo own-ok")).stdout == "own-ok\n"
         assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
         # Files the agent writes for clients are the workload's (uid 0 inside), as they were before.

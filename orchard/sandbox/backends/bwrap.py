@@ -52,7 +52,7 @@ RUN_TMPFS_BYTES = 64 << 10  # /.orchard/run: the token and nothing else
 REMAP_BASE = 100000
 REMAP_COUNT = 65535
 SANDBOX_USER = "0:0"  # what the commands run as inside: root of the sandbox, host 100000
-# The agent's own: one its commands cannot signal, trace or read (host 165533).
+# The agent's own with `agent_apart`: one its commands cannot signal, trace or read (host 165533).
 AGENT_USER = "65533:65533"
 AGENT_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL")
 

@@ -52,6 +52,7 @@ STALE_UNRECORDED_S = 60.0
 HEALTH_TIMEOUT_S = 10.0
 
 
+AGENT_APART_ENV = "ORCHARD_LOCAL_AGENT_APART"
 MOUNT_RACE_ATTEMPTS = 4
 MOUNT_RACE_MESSAGES = ("bwrap: Can't bind mount", "bwrap: Can't remount", "bwrap: Can't find source path")
 
@@ -63,18 +64,23 @@ def orchard_home() -> Path:
 class LocalBackend:
     """Sandboxes on this host through bubblewrap. `root_dir` holds their private directories (default
     `$ORCHARD_HOME/sandboxes`); `run_dir` their sockets (default `<tmp>/orchard-run-<uid>`, kept short for
-    the 108-byte socket path limit); `bundle_cache_dir` the agent bundle (default `$ORCHARD_HOME/cache`)."""
+    the 108-byte socket path limit); `bundle_cache_dir` the agent bundle (default `$ORCHARD_HOME/cache`).
+    `agent_apart` (default: `ORCHARD_LOCAL_AGENT_APART=1` in the environment, else off; root only): the
+    agent runs as a uid of its own that the workload cannot signal, at the price of a fork instead of a
+    vfork per command (~0.5-1 ms more exec latency); see docs/local-backend.md#user-ids."""
 
     name = "local"
 
     def __init__(self, root_dir: Path | None = None, *, run_dir: Path | None = None,
-                 bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0) -> None:
+                 bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0,
+                 agent_apart: bool | None = None) -> None:
         self.root_dir = Path(root_dir) if root_dir is not None else orchard_home() / "sandboxes"
         self.run_base = (Path(run_dir) if run_dir is not None
                          else Path(tempfile.gettempdir()) / f"orchard-run-{os.getuid()}")
         self.bundle_cache_dir = (Path(bundle_cache_dir) if bundle_cache_dir is not None
                                  else default_cache_dir())
         self.ready_timeout_s = ready_timeout_s
+        self.agent_apart = (os.environ.get(AGENT_APART_ENV) == "1") if agent_apart is None else agent_apart
         self._bwrap: str | None = None
         self._bundle: AgentBundle | None = None
         self._children: dict[str, subprocess.Popen] = {}
@@ -195,7 +201,9 @@ class LocalBackend:
 
             agent_argv = bundle.launch_argv(listen=f"fd:{listener.fileno()}", workdir=spec.workdir)
             if remap:
-                agent_argv += ["--user", SANDBOX_USER, "--agent-user", AGENT_USER]
+                agent_argv += ["--user", SANDBOX_USER]
+                if self.agent_apart:
+                    agent_argv += ["--agent-user", AGENT_USER]
             owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
             proc, info_r, userns_w = spawn(
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
