@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from orchard.core.task import Task
-from orchard.core.trajectory import Trajectory
+from orchard.core.trajectory import Step, Trajectory
 from orchard.eval.patch import extract_patch, snapshot_base
 from orchard.eval.task_sandbox import create_task_sandbox
 from orchard.sandbox.client import AsyncOrchard
@@ -25,6 +26,7 @@ class ReplayResult:
     patch: str
     observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> what the tool printed
     calls_run: int = 0
+    patches: dict[int, str] = field(default_factory=dict)  # step_id -> the diff after that step (diff_after)
 
 
 class _ReactRunner:
@@ -71,38 +73,35 @@ class _MiniRunner:
 RUNNERS = {"react": _ReactRunner, "mini-swe-agent": _MiniRunner}
 
 
-async def replay_patch(orch: AsyncOrchard, task: Task, trajectory: Trajectory, *, up_to_step: int | None = None,
-                       sandbox: Any = None) -> ReplayResult:
-    """Run `trajectory`'s tool calls (its agent steps up to `up_to_step`, all by default) with its harness's
-    tools in a fresh sandbox of `task` (or in `sandbox`, already set up and left open), and return the diff
-    they leave against the state after setup."""
+async def replay_patch(orch: AsyncOrchard, task: Task, trajectory: Trajectory, *,
+                       diff_after: Callable[[Step], bool] | None = None) -> ReplayResult:
+    """Run `trajectory`'s tool calls with its harness's tools in a fresh sandbox of `task` and return the
+    diff they leave against the state after setup. `diff_after(step)`: also take the diff after each agent
+    step for which it is true (`ReplayResult.patches`, by step_id); a step that submits ends the replay."""
     runner_class = RUNNERS.get(trajectory.agent.name)
     if runner_class is None:
         raise ValueError(f"no replay for harness {trajectory.agent.name!r}; replay knows {', '.join(RUNNERS)}")
-    own = sandbox is None
-    if own:
-        sandbox = await create_task_sandbox(orch, task)
+    sandbox = await create_task_sandbox(orch, task)
     try:
         workdir = task.environment.workdir
         base = await snapshot_base(sandbox, workdir)
         runner = runner_class(sandbox, workdir)
         result = ReplayResult(patch="")
         for step in trajectory.steps:
-            if up_to_step is not None and step.step_id > up_to_step:
-                break
             if step.source != "agent" or step.is_copied_context:
                 continue
             submitted = False
             for call in step.tool_calls:
-                if submitted:
-                    break
                 text, submitted = await runner.run(call.function_name, call.arguments)
                 result.observations[call.tool_call_id] = text
                 result.calls_run += 1
+                if submitted:
+                    break
             if submitted:
                 break
+            if diff_after is not None and diff_after(step):
+                result.patches[step.step_id] = await extract_patch(sandbox, workdir, base)
         result.patch = await extract_patch(sandbox, workdir, base)
         return result
     finally:
-        if own:
-            await sandbox.close()
+        await sandbox.close()
