@@ -201,3 +201,21 @@ async def test_the_judge_is_asked_through_the_gateway_with_the_gold_patch(failed
     assert task.grader.reference_patch in prompt and "Step 5: submit(" in prompt
     credit = credit_from_values(bad, {"judge": values}, CreditSettings(smoothing=0.0, proxy_weights={"judge": 1}))
     assert list(credit.step_weights.values()) == pytest.approx([0.1, 0.3, 0.1])
+
+
+@pytest.mark.slow
+def test_credit_with_translation_trains_the_credited_steps_in_the_target_harness(failed, tmp_path):
+    from orchard.recipes.credit_sft import CREDIT_REPORT_FILE, prepare_examples
+    from orchard.recipes.tiny_models import smollm2_tokenizer
+
+    (bad, good), _ = failed
+    prepared = prepare_examples([bad, good], smollm2_tokenizer(), target_harness="mini-swe-agent",
+                                credit=CreditSettings(smoothing=0.0, run_tests=False), orchard_home=tmp_path / "h",
+                                out=tmp_path / "out")
+    assert not prepared.untranslated and prepared.credit.recovered
+    examples = prepared.report.examples
+    assert {e.source.harness for e in examples} == {"mini-swe-agent"}
+    credited = {(s.rollout_key, s.step_id) for s in prepared.credit.recovered}
+    assert {key for key, _ in credited} == {f"{bad.rollout_key}@mini-swe-agent"}
+    assert credited <= {(e.source.rollout_key, e.source.step_id) for e in examples}
+    assert (tmp_path / "out" / CREDIT_REPORT_FILE).is_file() and "steps recovered" in prepared.summary()
