@@ -111,7 +111,6 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
         use_cpu=not torch.cuda.is_available(), seed=config.seed, max_completion_length=1 << 16,
         disable_tqdm=True)
     dataset = Dataset.from_list([{"prompt": task_id} for task_id in tasks])
-    started = time.monotonic()
     with RolloutEnv(policy, harness=config.harness, harness_options=config.harness_options, sampling=sampling,
                     parallel=config.parallel, route=config.policy_route,
                     timeouts=TrialTimeouts(agent_s=config.agent_timeout_s,
@@ -120,8 +119,9 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
                                       strategy=config.strategy, bar=config.bar, on_step=on_step)
         trainer = GRPOTrainer(model=model, reward_funcs=[orchard_reward], args=args, train_dataset=dataset,
                               processing_class=tokenizer, rollout_func=rollout_func)
+        started = time.monotonic()
         trainer.train()
-    elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - started  # rollouts included: they run inside the training step
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
     config.out.mkdir(parents=True, exist_ok=True)

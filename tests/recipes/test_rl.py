@@ -139,3 +139,55 @@ def test_a_grpo_step_on_real_rollouts_changes_the_weights_masks_env_tokens_and_a
             assert env_text.count("<tool_response>") == 2 and model_text.count("<tool_call>") == 3
         else:  # gave up at once: one turn, nothing from the environment
             assert env_text == "" and model_text.count("<tool_call>") == 1
+
+
+class _RecordedRollouts:
+    """Stands in for RolloutEnv (no sandbox): replays graded trajectories built from recorded calls, so
+    the slot filling of the rollout function can be checked in milliseconds."""
+
+    policy = None
+
+    def __init__(self, outcomes):
+        self.outcomes = list(outcomes)
+        self.loop = None
+
+    def call(self, work):
+        import asyncio
+
+        return asyncio.run(work)
+
+    async def arollout(self, task, rollout_key):
+        from orchard.core.trajectory import Agent, Outcome, Trajectory
+
+        outcome = self.outcomes.pop(0)
+        agent = Agent(name="react", version="test")
+        if outcome == "error":
+            return Trajectory(agent=agent, task_id=task.id, rollout_key=rollout_key, exit_status="sandbox_error",
+                              outcome=Outcome(error="sandbox_error: the sandbox was lost"))
+        return Trajectory(agent=agent, task_id=task.id, rollout_key=rollout_key, exit_status="submitted",
+                          outcome=Outcome(reward=outcome, resolved=outcome == 1.0),
+                          llm_calls=[_call(1, [1, 2, 3], [10, 11])])
+
+
+@pytest.mark.parametrize("strategy, outcomes, rewards", [
+    ("fixed", [1.0, "error", 0.0, 0.0], [1.0, None, 0.0, 0.0]),   # the error's slot masked, not a 0
+    ("bar", [1.0, "error", 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]),  # the error replaced
+    ("dapo", [0.0, 0.0, 0.0, 0.0], [None, None, None, None]),      # zero variance: dropped
+])
+def test_slots_hold_the_chosen_rollouts_and_errors_are_never_a_zero(task, strategy, outcomes, rewards):
+    from orchard.recipes.bar import BarConfig
+    from orchard.recipes.rl_rollout_func import BarRolloutFunc
+
+    func = BarRolloutFunc(env=_RecordedRollouts(outcomes), tasks={TASK_ID: task}, pad_id=0, strategy=strategy,
+                          bar=BarConfig(group_size=4, max_rollouts=8))
+
+    class Trainer:  # what the function reads of GRPOTrainer
+        num_generations = num_generations_eval = 4
+        model = type("Model", (), {"training": True})()
+
+    output = func([TASK_ID] * 4, Trainer())
+    assert sorted(output["rollout_reward"], key=lambda r: (r is None, r)) == sorted(
+        rewards, key=lambda r: (r is None, r))
+    for reward, mask in zip(output["rollout_reward"], output["env_mask"]):
+        assert (sum(mask) == 0) == (reward is None)  # a masked slot trains nothing
+    assert func.reports[0].errors == outcomes.count("error")
