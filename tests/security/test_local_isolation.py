@@ -311,3 +311,21 @@ async def test_idle_connections_without_the_token_cannot_lock_clients_out(backen
             for s in idle:
                 s.close()
         assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
+
+
+@needs_root
+def test_an_agent_that_cannot_take_its_identity_refuses_to_serve(bundle_cache, tmp_path):
+    """Started without the capabilities to switch (here as host root with none), the agent exits with
+    status 2 saying why, before listening: it never serves as a user it was not meant to be."""
+    bundle = ensure_agent_bundle(bundle_cache)
+    token = tmp_path / "token"
+    token.write_text("t")
+    token.chmod(0o644)
+    argv = bundle.launch_argv(listen=f"unix:{tmp_path}/a.sock", workdir=str(tmp_path / "w"),
+                              mount_point=str(bundle.path))
+    env = {**bundle.launch_env(mount_point=str(bundle.path)), "ORCHARD_AGENT_TOKEN_FILE": str(token)}
+    for extra in (["--user", "0:0"], ["--user", "0:0", "--agent-user", "65533:65533"]):
+        r = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", *argv, *extra],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "cannot become uid" in r.stderr and r.stdout == "", r
+        assert not (tmp_path / "a.sock").exists()

@@ -39,6 +39,23 @@ def parse_ids(text: str, option: str):
         raise IdentityError("%s must be UID:GID, not %r" % (option, text))
 
 
+def _libc():
+    """prctl, capset, setfsuid and setfsgid of the C library, through `_ctypes` alone: `import ctypes`
+    costs every sandbox start several milliseconds, these few lines about one."""
+    import _ctypes
+
+    class c_int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = c_int
+
+    handle = _ctypes.dlopen(None, 0)
+    return {name: Function(_ctypes.dlsym(handle, name))
+            for name in ("prctl", "capset", "setfsuid", "setfsgid")}, _ctypes
+
+
 def _status() -> dict:
     with open("/proc/self/status") as f:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
@@ -49,20 +66,25 @@ def become(user: str, agent_user: str = None):
     the file system ids are inherited by threads started afterwards)."""
     uid, gid = parse_ids(user, "--user")
     own_uid, own_gid = parse_ids(agent_user, "--agent-user") if agent_user else (uid, gid)
-    import ctypes  # only here: the import costs every sandbox start about a millisecond
+    libc, _ctypes = _libc()
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    ulong = ctypes.c_ulong
+    class ulong(_ctypes._SimpleCData):
+        _type_ = "L"
+
+    class uint32(_ctypes._SimpleCData):
+        _type_ = "I"
+
+    header_type = type("CapHeader", (_ctypes.Array,), {"_type_": uint32, "_length_": 2})
+    data_type = type("CapData", (_ctypes.Array,), {"_type_": uint32, "_length_": 6})
 
     def check(result, what):
         if result != 0:
-            err = ctypes.get_errno()
-            raise IdentityError("%s failed: %s" % (what, os.strerror(err)))
+            raise IdentityError("%s failed: %s" % (what, os.strerror(_ctypes.get_errno())))
 
     def capset(mask: int):
-        header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
-        low, high = mask & 0xFFFFFFFF, mask >> 32
-        check(libc.capset(header, (ctypes.c_uint32 * 6)(low, low, 0, high, high, 0)), "capset")
+        low, high = mask & 0xFFFFFFFF, mask >> 32  # effective, permitted, inheritable; low words first
+        header = header_type(LINUX_CAPABILITY_VERSION_3, 0)
+        check(libc["capset"](header, data_type(low, low, 0, high, high, 0)), "capset")
 
     try:
         os.setgroups([])
@@ -75,14 +97,14 @@ def become(user: str, agent_user: str = None):
     if agent_user:  # (no uid 0 was involved, so the kernel left the capabilities as they were)
         capset(keep | (1 << CAP_SETPCAP))
     cap = 0
-    while libc.prctl(PR_CAPBSET_DROP, ulong(cap), ulong(0), ulong(0), ulong(0)) == 0:
+    while libc["prctl"](ulong(PR_CAPBSET_DROP), ulong(cap), ulong(0), ulong(0), ulong(0)) == 0:
         cap += 1  # EINVAL past the last capability the kernel knows
-    check(libc.prctl(PR_CAP_AMBIENT, ulong(PR_CAP_AMBIENT_CLEAR_ALL), ulong(0), ulong(0), ulong(0)),
+    check(libc["prctl"](ulong(PR_CAP_AMBIENT), ulong(PR_CAP_AMBIENT_CLEAR_ALL), ulong(0), ulong(0), ulong(0)),
           "clearing the ambient capabilities")
     capset(keep)
     if agent_user:
-        libc.setfsgid(gid)
-        libc.setfsuid(uid)
+        libc["setfsgid"](gid)
+        libc["setfsuid"](uid)
         CHILD.update(user=uid, group=gid, extra_groups=[])
     status = _status()
     caps = {name: int(status[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
