@@ -51,6 +51,16 @@ def sft(
     seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
     bf16: Annotated[Optional[bool], typer.Option(
         "--bf16/--no-bf16", help="bfloat16 mixed precision (default: where the GPU supports it).")] = None,
+    target_harness: Annotated[Optional[str], typer.Option(
+        help="Translate every rollout into this harness's prompts and tools first (react, mini-swe-agent).")
+    ] = None,
+    credit_assignment: Annotated[bool, typer.Option(
+        help="Also train the steps of failed rollouts that made progress (hindsight credit, sandboxes).")] = False,
+    credit_config: Annotated[Optional[Path], typer.Option(
+        help="Credit-assignment settings (YAML or JSON, see docs/training.md); implies --credit-assignment.")
+    ] = None,
+    credit_suite: Annotated[str, typer.Option(
+        help="The task suite the rollouts attempted (reference patches and tests for credit).")] = "swe-mini",
 ) -> None:
     """Supervised fine-tuning on what the policy saw and produced in each recorded model call, with a
     per-token weighted loss (TRL SFTTrainer)."""
@@ -65,7 +75,42 @@ def sft(
             "gradient_accumulation_steps": grad_accum, "save_steps": save_steps, "seed": seed, "bf16": bf16})
     except OrchardError as exc:
         fail(str(exc), code=2)
-    run_sft_command(settings, resume=resume)
+    report = None
+    if target_harness or credit_assignment or credit_config:
+        report = _translated_or_credited(settings, target_harness, credit_assignment or credit_config is not None,
+                                         credit_config, credit_suite)
+    run_sft_command(settings, resume=resume, report=report)
+
+
+def _translated_or_credited(settings: Any, target_harness: str | None, credit: bool, credit_config: Path | None,
+                            suite: str) -> Any:
+    """The examples of --target-harness / --credit-assignment (orchard.recipes.credit_sft)."""
+    from orchard.recipes.credit_sft import prepare_examples
+    from orchard.recipes.credit_values import CreditSettings
+    from orchard.recipes.inputs import read_training_trajectories
+    from orchard.recipes.sft import check_model_dir, load_tokenizer
+
+    try:
+        credit_settings = None
+        if credit:
+            import yaml
+            from pydantic import ValidationError
+
+            data = yaml.safe_load(credit_config.read_text()) if credit_config else {}
+            try:
+                credit_settings = CreditSettings.model_validate(data or {})
+            except ValidationError as exc:
+                fail(f"{credit_config}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}", code=2)
+        tokenizer = load_tokenizer(check_model_dir(settings.model))
+        with err.status("preparing the examples (translation, credit assignment in sandboxes)"):
+            prepared = prepare_examples(read_training_trajectories(settings.inputs), tokenizer,
+                                        filters=settings.filters, target_harness=target_harness,
+                                        credit=credit_settings, suite=suite, out=settings.out)
+    except (OrchardError, OSError, ValueError) as exc:
+        fail(str(exc), code=2)
+    if prepared.summary():
+        out.print(escape(prepared.summary()))
+    return prepared.report
 
 
 def run_sft_command(settings: Any, *, resume: bool, report: Any = None) -> None:

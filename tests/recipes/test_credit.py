@@ -150,7 +150,7 @@ def failed(tmp_path_factory, scripted):
         trajectories = asyncio.run(main())
     finally:
         remove_live_sandboxes(home)
-    return trajectories, home
+    return trajectories, directory
 
 
 @pytest.mark.slow
@@ -219,3 +219,33 @@ def test_credit_with_translation_trains_the_credited_steps_in_the_target_harness
     assert {key for key, _ in credited} == {f"{bad.rollout_key}@mini-swe-agent"}
     assert credited <= {(e.source.rollout_key, e.source.step_id) for e in examples}
     assert (tmp_path / "out" / CREDIT_REPORT_FILE).is_file() and "steps recovered" in prepared.summary()
+
+
+@pytest.mark.slow
+def test_orchard_train_sft_with_credit_and_a_target_harness(failed, tmp_path):
+    """The CLI options: the failed and the oracle run directories, translated to mini-swe-agent, the failed
+    one's progress credited (the shipped settings, tests off to keep it short), one SFT step on a tiny model."""
+    from typer.testing import CliRunner
+
+    from orchard.cli.main import app
+    from orchard.recipes.credit_sft import CREDIT_REPORT_FILE
+    from tests.recipes.sft_rig import tiny_model_dir
+
+    _, directory = failed
+    config = tmp_path / "credit.yaml"
+    shipped = (Path(__file__).resolve().parents[2] / "orchard" / "recipes" / "credit.yaml").read_text()
+    config.write_text(shipped.replace("run_tests: true", "run_tests: false"))
+    model = tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "sft"
+    result = CliRunner().invoke(app, [
+        "train", "sft", str(directory / "failed"), str(directory / "oracle"), "--model", str(model), "--out", str(out),
+        "--target-harness", "mini-swe-agent", "--credit-config", str(config), "--credit-suite", "swe-mini",
+        "--max-steps", "1", "--grad-accum", "1"])
+    assert result.exit_code == 0, result.output
+    assert "credit assignment: 1 failed rollouts valued" in result.output
+    credit = json.loads((out / CREDIT_REPORT_FILE).read_text())
+    assert credit["recovered"] and all(s["rollout_key"].endswith("@mini-swe-agent") for s in credit["recovered"])
+    assert (out / "model" / "config.json").is_file()
+    bad = CliRunner().invoke(app, ["train", "sft", str(directory / "oracle"), "--model", str(model), "--out",
+                                   str(tmp_path / "x"), "--target-harness", "openhands"])
+    assert bad.exit_code == 2 and "cannot translate to or from harness 'openhands'" in bad.output
