@@ -9,8 +9,8 @@ tokens fed back) and a call reuses the longest common token prefix, so only the 
 Per token the loop does one forward of one token (`logits_to_keep=1`), one log-softmax of the raw logits
 (the token's logprob and the top-k, as the recorded trajectory needs), and the token choice exactly as
 `generate` makes it: argmax of the raw logits when greedy; else the same transformers warpers
-(temperature, top-k, top-p, in its order) on the logits, softmax, and `torch.multinomial` on torch's global generator, so
-a seed gives the same tokens as `generate` with that seed. Stop conditions are `generate`'s: the
+(temperature, top-k, top-p, in its order) on the logits, softmax, and `torch.multinomial` on torch's
+global generator, so a seed gives the same tokens as `generate` with that seed. Stop conditions are `generate`'s: the
 end-of-turn id, `max_new_tokens`, stop strings through transformers' `StopStringCriteria`, and a
 deadline.
 

@@ -10,8 +10,8 @@ the prompt and completion token ids and the logprob of every completion token.
   of its last one), with `generate`'s sampling semantics; `_generate_reference` is plain `generate`, kept to
   check the fast path against and to measure it by (bench/embedded_generation.py).
 - Generation is greedy unless `temperature` > 0 (then sampled from the 50 most likely tokens, with `top_p`,
-  and `seed`, which seeds torch's global generator); `max_tokens` (default 512) and `stop` are honoured. One call at a time: two
-  at once on a few cores gain nothing.
+  and `seed`, which seeds torch's global generator); `max_tokens` (default 512) and `stop` are honoured.
+  One call at a time: two at once on a few cores gain nothing.
 - Logprobs are those of the raw model distribution (before temperature and top-p), as vLLM reports by
   default; the end-of-turn token `<|im_end|>` is part of the completion ids, so a trainer learns to stop.
 - Tools: the model's chat template has none, so chat_render.py describes them in the system prompt in the

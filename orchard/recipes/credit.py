@@ -163,7 +163,8 @@ def build_credit_examples(trajectories: Sequence[Trajectory], tokenizer: Any, cr
     for example in first.examples:
         key = example.source.rollout_key or ""
         if key in wanted and example.source.step_id in wanted[key]:
-            tokens[(key, example.source.step_id)] = tokens.get((key, example.source.step_id), 0) + example.trained_tokens
+            step = (key, example.source.step_id)
+            tokens[step] = tokens.get(step, 0) + example.trained_tokens
         else:
             resolved_tokens += example.trained_tokens
     steps = [RecoveredStep(rollout_key=key, step_id=step_id, weight=wanted[key][step_id], tokens=count)

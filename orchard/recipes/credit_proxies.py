@@ -142,11 +142,14 @@ async def sandbox_proxies(orch: AsyncOrchard, task: Task, trajectory: Trajectory
 def _chosen(distinct: Sequence[str], budget: int) -> list[str]:
     if len(distinct) <= budget:
         return list(distinct)
-    picks = {round(i * (len(distinct) - 1) / (budget - 1)) for i in range(budget)} if budget > 1 else {len(distinct) - 1}
+    if budget == 1:
+        return [distinct[-1]]
+    picks = {round(i * (len(distinct) - 1) / (budget - 1)) for i in range(budget)}
     return [distinct[i] for i in sorted(picks)]
 
 
-async def _tests_passing(orch: AsyncOrchard, task: Task, patches: Sequence[str], budget: int) -> tuple[list[float], int]:
+async def _tests_passing(orch: AsyncOrchard, task: Task, patches: Sequence[str],
+                         budget: int) -> tuple[list[float], int]:
     distinct = [p for i, p in enumerate(patches) if p.strip() and p not in patches[:i]]
     scores: dict[str, float] = {}
     for patch in _chosen(distinct, budget):

@@ -93,7 +93,8 @@ class _Builder:
         self.source, self.target = source, target
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system},
                                                {"role": "user", "content": instance}]
-        self.steps = [Step(step_id=1, source="system", message=system), Step(step_id=2, source="user", message=instance)]
+        self.steps = [Step(step_id=1, source="system", message=system),
+                      Step(step_id=2, source="user", message=instance)]
         self.calls: list[LLMCall] = []
         self.source_calls = {call.id: call for call in source.llm_calls}
 

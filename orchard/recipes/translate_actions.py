@@ -8,13 +8,15 @@ file actions as shell commands that do the same thing:
 | action  | react         | mini-swe-agent (`bash`)                                                       |
 |---------|---------------|-------------------------------------------------------------------------------|
 | Shell   | `bash`        | the command                                                                   |
-| View    | `view`        | `cat -n PATH` (react's numbering), `... | sed -n 'A,Bp'` for a range; a directory: `find` as react lists it |
+| View    | `view`        | `cat -n PATH` (react's numbering), `... | sed -n 'A,Bp'` for a range;    |
+|         |               | a directory: `echo PATH && find PATH ... | sort`, as react lists it          |
 | Create  | `create`      | a quoted heredoc into the file (`truncate -s -1` when the content has no final newline) |
 | Replace | `str_replace` | a python3 script replacing the one exact occurrence, failing as react does otherwise |
 | Submit  | `submit`      | `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`                                    |
 
 Kimi-CLI (`Shell` / `WriteFile` / `StrReplaceFile`) and OpenHands (`terminal` / `file_editor` / `finish`) are
-added the same way: one ToolVocabulary each, nothing else changes."""
+added the same way: one ToolVocabulary each here, with a dialect (prompts, result format) in
+translate_dialects.py and a replay runner in translate_replay.py."""
 
 from __future__ import annotations
 

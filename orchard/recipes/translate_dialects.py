@@ -117,7 +117,8 @@ class ReactDialect:
 
         if function_name == "submit":
             return "Submitted."
-        return truncate_middle(f"[exit code {observed.returncode}]\n{observed.output}", self.config.max_observation_chars)
+        text = f"[exit code {observed.returncode}]\n{observed.output}"
+        return truncate_middle(text, self.config.max_observation_chars)
 
     def result_messages(self, calls: list[tuple[str, str, Observed]]) -> list[dict[str, Any]]:
         return [{"role": "tool", "tool_call_id": call_id, "content": self.result_text(name, observed)}

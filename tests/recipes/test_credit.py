@@ -50,7 +50,8 @@ def test_ascent_segments_are_maximal_runs_of_rising_steps_before_the_peak():
     segments = ascent_segments(steps_delta, peak=5, min_delta=0.02, min_gain=0.0)
     assert segments == [Segment(0, 1, pytest.approx(0.3)), Segment(3, 3, 0.3), Segment(5, 5, 0.2)]
     # Γ drops runs that gain too little; nothing after the peak ever counts (index 7 rises, after it)
-    assert [(s.start, s.end) for s in ascent_segments(steps_delta, 5, min_delta=0.02, min_gain=0.25)] == [(0, 1), (3, 3)]
+    kept = ascent_segments(steps_delta, 5, min_delta=0.02, min_gain=0.25)
+    assert [(s.start, s.end) for s in kept] == [(0, 1), (3, 3)]
     assert ascent_segments(steps_delta, 5, min_delta=0.5, min_gain=0.0) == []
     assert [(s.start, s.end) for s in ascent_segments([0.1, 0.1, 0.1], 1, min_delta=0.05, min_gain=0)] == [(0, 1)]
 

@@ -65,7 +65,8 @@ def scripted_config(url: str) -> GatewayConfig:
 REACT_SCRIPT = [
     tool_calls(("view", {"path": "."}), content="Let me look around."),
     tool_calls(("view", {"path": "pagekit/paginator.py", "view_range": [15, 22]})),
-    tool_calls(("str_replace", {"path": "pagekit/paginator.py", "old_str": "        return self.total // self.per_page\n",
+    tool_calls(("str_replace", {"path": "pagekit/paginator.py",
+                                "old_str": "        return self.total // self.per_page\n",
                                 "new_str": "        # Round up: a partially filled last page is still a page.\n"
                                            "        return -(-self.total // self.per_page)\n"})),
     tool_calls(("create", {"path": "notes/why.txt", "content": "pages round up\nEOF\nno final newline"}),
