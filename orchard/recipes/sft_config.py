@@ -79,16 +79,18 @@ class SFTSettings(BaseModel):
 
     def trl_config(self, output_dir: Path, **extra: Any) -> Any:
         """TRL's SFTConfig for these settings. The examples are already tokenized, masked and weighted: TRL
-        must use them as given (no truncation, no re-tokenization) and keep the `token_weights` column."""
+        must use them as given (no truncation, no re-tokenization) and keep the `token_weights` column.
+        `extra`: other SFTConfig fields, or replacements of these."""
         from trl import SFTConfig
 
         fields = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
                   "gradient_accumulation_steps", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm",
                   "seed", "activation_checkpointing", "logging_steps", "save_steps", "save_total_limit")
-        return SFTConfig(output_dir=str(output_dir), **{name: getattr(self, name) for name in fields},
-                         bf16=self.use_bf16(), dataloader_pin_memory=_has_gpu(), max_length=None, remove_unused_columns=False,
-                         dataset_kwargs={"skip_prepare_dataset": True}, save_strategy="steps", report_to=[],
-                         **extra)
+        options = {name: getattr(self, name) for name in fields}
+        options.update(bf16=self.use_bf16(), dataloader_pin_memory=_has_gpu(), max_length=None,
+                       remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True},
+                       save_strategy="steps", report_to=[])
+        return SFTConfig(output_dir=str(output_dir), **{**options, **extra})
 
     def use_bf16(self) -> bool:
         import torch
