@@ -30,7 +30,8 @@ from bench.results_model import MeasurementResult, load_results, save_results
 MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
     exec_latency.MEASUREMENT, create_ready.MEASUREMENT, transfer.MEASUREMENT,
     many_sandboxes.MEASUREMENT, agent_rss.MEASUREMENT, eval_throughput.MEASUREMENT, k8s.MEASUREMENT,
-    embedded_generation.MEASUREMENT, rl_wasted_rollouts.MEASUREMENT, rl_step_time.MEASUREMENT, sft_throughput.MEASUREMENT)}
+    embedded_generation.MEASUREMENT, rl_wasted_rollouts.MEASUREMENT, rl_step_time.MEASUREMENT,
+    sft_throughput.MEASUREMENT)}
 
 _BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_JSON = _BENCH_DIR / "results" / "latest.json"
