@@ -71,9 +71,8 @@ class TrainingPolicy:
                 ids = list(self.tokenizer(forced, add_special_tokens=False)["input_ids"]) + [self.end_of_turn_id]
                 logprobs = self._score(prompt, ids)
             else:
-                ids, logprobs = self._sample(prompt, sampling.temperature, sampling.top_p,
-                                             sampling.max_completion_tokens or sampling.max_tokens or DEFAULT_MAX_TOKENS,
-                                             sampling.seed)
+                limit = sampling.max_completion_tokens or sampling.max_tokens or DEFAULT_MAX_TOKENS
+                ids, logprobs = self._sample(prompt, sampling.temperature, sampling.top_p, limit, sampling.seed)
             ended = bool(ids) and ids[-1] == self.end_of_turn_id
             if rollout_key:
                 self._rollouts[rollout_key] = _RolloutTokens(
@@ -139,7 +138,7 @@ class TrainingPolicy:
             with torch.no_grad():
                 if seed is not None:
                     torch.manual_seed(seed)
-                input_ids = torch.tensor([prompt])
+                input_ids = torch.tensor([prompt], device=self.model.device)
                 output = self.model.generate(
                     input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                     max_new_tokens=min(max_new_tokens, limit), do_sample=sampled,
@@ -161,11 +160,12 @@ class TrainingPolicy:
         self.model.eval()
         try:
             with torch.no_grad():
-                logits = self.model(input_ids=torch.tensor([prompt + ids])).logits[0]
+                logits = self.model(input_ids=torch.tensor([prompt + ids], device=self.model.device)).logits[0]
         finally:
             self.model.train(was_training)
         distribution = torch.log_softmax(logits[len(prompt) - 1:-1].float(), dim=-1)
-        return distribution.gather(1, torch.tensor(ids).unsqueeze(1)).squeeze(1).tolist()
+        chosen = torch.tensor(ids, device=distribution.device).unsqueeze(1)
+        return distribution.gather(1, chosen).squeeze(1).tolist()
 
 
 def _canonical(message: dict[str, Any]) -> str:
