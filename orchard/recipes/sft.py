@@ -186,12 +186,12 @@ def run_sft(settings: SFTSettings, *, resume: bool = False, callbacks: Sequence[
         callbacks=[MetricsCallback(out, run, title), *callbacks])
     if disable_tqdm:  # the caller shows progress: no log lines printed in its place
         trainer.remove_callback(transformers.PrinterCallback)
-    if resume:  # TRL counts tokens from 0 in each process: carry the count on from the checkpoint
-        trainer._total_train_tokens = tokens_logged(checkpoint)
+    earlier_tokens = tokens_logged(checkpoint) if resume else 0
+    trainer._total_train_tokens = earlier_tokens  # TRL counts from 0 in each process: carry the count on
     output = trainer.train(resume_from_checkpoint=str(checkpoint) if resume else None)
-    totals = {**output.metrics, "global_step": trainer.state.global_step,
-              "tokens": trainer._total_train_tokens,
-              "tokens_per_second": trainer._total_train_tokens / max(output.metrics.get("train_runtime", 0), 1e-9)}
+    session_tokens = trainer._total_train_tokens - earlier_tokens
+    totals = {**output.metrics, "global_step": trainer.state.global_step, "tokens": trainer._total_train_tokens,
+              "tokens_per_second": session_tokens / max(output.metrics.get("train_runtime", 0), 1e-9)}
     final = out / FINAL_MODEL_DIR
     staging = out / f".{FINAL_MODEL_DIR}.partial"
     shutil.rmtree(staging, ignore_errors=True)

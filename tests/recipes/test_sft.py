@@ -213,3 +213,11 @@ def test_cli_trains_on_an_eval_run_resumes_and_names_bad_input(oracle_run, model
     typo.write_text("learning_rat: 1e-5\n")
     wrong = cli.invoke(app, ["train", "sft", "--config", str(typo)])
     assert wrong.exit_code == 2 and "learning_rat" in wrong.output
+
+
+def test_export_smollm2_refuses_an_existing_directory_before_loading_anything(tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    result = cli.invoke(app, ["train", "export-smollm2", str(taken)])
+    assert result.exit_code == 1 and "already exists" in result.output
+    assert list(taken.iterdir()) == []  # the real export is run by the docs' quick start (a slow test)
