@@ -163,6 +163,15 @@ async def test_writes_outside_the_workspace_stay_inside(backend):
     assert not Path(f"/etc/{marker}").exists() and not Path(f"/{marker}").exists()
 
 
+@pytest.mark.parametrize("workdir", ["/workspace/deep/er", "/tmp/work/here", "/run/job"])
+async def test_a_nested_workdir_is_the_sandbox_roots_own(backend, workdir):
+    """Its parents on the sandbox's own root are made searchable: the sandbox's root is not host root,
+    and bwrap makes them (0700) as host root."""
+    async with running(backend, SandboxSpec(workdir=workdir)) as (_, agent):
+        r = await agent.exec("pwd && touch made && ls -d ..")
+        assert r.ok and r.stdout.split() == [workdir, ".."], r
+
+
 async def test_sandboxes_cannot_see_each_other_or_orchards_state(bundle_cache, monkeypatch):
     """Orchard's home lies under the read-only host root that host-image sandboxes see (here under
     /var/tmp, which is bound, unlike /tmp): one sandbox must not read another's workspace, the state db,

@@ -243,6 +243,21 @@ def _orchard_env_args(remapped: bool) -> list[str]:
     return args
 
 
+def _workdir_parents_args(workdir: str) -> list[str]:
+    """The workdir's parents on the sandbox's own root (e.g. /workspace for /workspace/deep), made 0755:
+    bwrap would make them 0700 for the user it sets up as (host root, unmapped inside), which the
+    sandbox's root could then not even look through."""
+    parents = [parent for parent in reversed(Path(workdir).parents) if parent != Path("/")]
+    if not parents or (parents[0].name not in HOST_ENTRIES_REPLACED and parents[0].exists()):
+        return []  # under a host directory: it exists there, read-only (validate_image checks)
+    if parents[0].name in HOST_ENTRIES_REPLACED:
+        parents = parents[1:]  # /tmp and /run are the sandbox's own (its writable layer)
+    args: list[str] = []
+    for parent in parents:
+        args += ["--perms", "0755", "--dir", str(parent)]
+    return args
+
+
 def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bundle_dir: Path,
                hostname: str, env: dict[str, str], info_fd: int, token_fd: int,
                hidden: Sequence[Path] = (), userns_block_fd: int | None = None) -> list[str]:
@@ -272,6 +287,7 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
         # /tmp and /run on the writable layer: within disk_mb, never in the host's memory.
         args += ["--bind", str(rw / "tmp"), "/tmp", "--bind", str(rw / "run"), "/run"]
         args += _orchard_env_args(remapped=userns_block_fd is not None)
+        args += _workdir_parents_args(spec.workdir)
         args += ["--bind", str(rw / "workspace"), spec.workdir]
     else:
         # The workdir is made by the agent once it is the sandbox's user, so that it owns it.
