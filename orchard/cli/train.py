@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from orchard.cli.sandbox import err, fail, out
 from orchard.core.errors import OrchardError
 
-app = typer.Typer(no_args_is_help=True, help="Train models on trajectories: SFT (token-weighted), model export.")
+app = typer.Typer(no_args_is_help=True, help="Train models on trajectories (orchard/recipes): one command per recipe.")
 
 
 @app.command("sft")

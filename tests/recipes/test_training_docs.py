@@ -86,7 +86,7 @@ def test_every_block_has_a_known_check():
     assert set(kinds) <= {"cli", "python", "example-file"} and {"cli", "python", "example-file"} <= set(kinds)
 
 
-@pytest.mark.slow  # an eval run and four short trainings: ~40 s, mostly imports and the tokenizer
+@pytest.mark.slow  # an eval run and every recipe's short runs on a tiny model: minutes on 2 cores
 def test_every_example_runs_as_written(workdir):
     for kind, argument, code, line in blocks():
         if kind == "example-file":
