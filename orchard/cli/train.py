@@ -131,7 +131,7 @@ def run_sft_command(settings: Any, *, resume: bool, report: Any = None) -> None:
         first = report.mismatches[0]
         err.print(f"[yellow]{len(report.mismatches)} recorded token sequence(s) differ from re-rendering and were "
                   f"not trained[/] (first: {escape(first.part)} of call {escape(first.source.llm_call_id)} at "
-                  f"token {first.index}); see metrics.json")
+                  f"token {first.index}, finish_reason {escape(str(first.finish_reason))}); see metrics.json")
     if result.resumed_from is not None:
         out.print(f"resumed from {escape(str(result.resumed_from))}")
     out.print(f"{result.totals.get('global_step')} steps, final training loss "

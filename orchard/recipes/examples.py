@@ -15,7 +15,8 @@ What is trained:
   `step_weights[rollout_key]` names, with their weight (credit assignment on failed rollouts); without it,
   every call, weight 1.0 unless named (plain distillation of a teacher's rollouts, whatever their outcome).
 
-`BuildReport.skipped` counts the calls not trained, by reason (`SKIP_REASONS`)."""
+`BuildReport.skipped` counts the calls not trained, by reason (`SKIP_REASONS`). Embedded subagent
+trajectories (`Trajectory.subagent_trajectories`) are not read: pass them as trajectories of their own."""
 
 from __future__ import annotations
 
@@ -115,6 +116,8 @@ class TokenMismatch(BaseModel):
     rendered_tokens: int
     recorded_excerpt: str = Field(description="the recorded tokens from that position, decoded")
     rendered_excerpt: str = Field(description="the re-rendered tokens from that position, decoded")
+    finish_reason: str | None = Field(default=None, description="why the call's generation ended ('length': cut "
+                                                                "off by max_tokens, before its end of turn)")
 
 
 class BuildReport(BaseModel):
@@ -244,8 +247,15 @@ def _mismatches(tokenizer: Any, source: ExampleSource, rendered: RenderedCall, c
         found.append(TokenMismatch(
             source=source, part=part, index=index, recorded_tokens=len(recorded), rendered_tokens=len(ids),
             recorded_excerpt=tokenizer.decode(recorded[index:index + 40])[:EXCERPT_CHARS],
-            rendered_excerpt=tokenizer.decode(ids[index:index + 40])[:EXCERPT_CHARS]))
+            rendered_excerpt=tokenizer.decode(ids[index:index + 40])[:EXCERPT_CHARS],
+            finish_reason=_finish_reason(call.response)))
     return found
+
+
+def _finish_reason(response: dict[str, Any] | None) -> str | None:
+    choices = (response or {}).get("choices") or [{}]
+    reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+    return reason if isinstance(reason, str) else None
 
 
 def _dedup_key(example: TrainingExample) -> bytes:

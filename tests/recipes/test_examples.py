@@ -107,6 +107,7 @@ def test_a_recorded_sequence_that_re_rendering_does_not_reproduce_is_reported_no
     assert (cut.part, cut.source.llm_call_id, cut.index) == ("completion", truncated.id,
                                                               len(truncated.completion_token_ids))
     assert (cut.recorded_excerpt, cut.rendered_excerpt) == ("", "<|im_end|>")
+    assert cut.finish_reason == "tool_calls"  # as the oracle's response says; a real cut-off says "length"
     assert (other.part, other.index, other.recorded_tokens) == ("prompt", 0, other.rendered_tokens)
     assert other.rendered_excerpt.startswith("<|im_start|>system")
 

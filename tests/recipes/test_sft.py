@@ -221,3 +221,23 @@ def test_export_smollm2_refuses_an_existing_directory_before_loading_anything(tm
     result = cli.invoke(app, ["train", "export-smollm2", str(taken)])
     assert result.exit_code == 1 and "already exists" in result.output
     assert list(taken.iterdir()) == []  # the real export is run by the docs' quick start (a slow test)
+
+
+def test_cli_reports_recorded_tokens_that_do_not_re_render_and_trains_the_rest(model_dir, tmp_path):
+    good = chat_trajectory(["Fine."], rollout_key="good")
+    cut = chat_trajectory(["Half a"], rollout_key="cut")
+    cut.llm_calls[0].prompt_token_ids = [1, 2, 3]  # ids of another tokenizer
+    cut.llm_calls[0].response["choices"][0]["finish_reason"] = "length"
+    path = tmp_path / "trajectories.jsonl"
+    write_jsonl(path, [good, cut])
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["train", "sft", str(path), "--model", str(model_dir), "--out", str(out),
+                              "--max-steps", "1", "--grad-accum", "1"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "1 examples" in text and "1 token_mismatch" in text
+    assert "1 recorded token sequence(s) differ from re-rendering and were not trained" in text
+    assert "finish_reason length" in text
+    data = json.loads((out / "metrics.json").read_text())["data"]
+    assert data["mismatches"] == 1 and data["mismatch_examples"][0]["part"] == "prompt"
+    assert data["mismatch_examples"][0]["source"]["rollout_key"] == "cut"
