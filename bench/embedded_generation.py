@@ -138,7 +138,7 @@ def run(ctx: BenchContext) -> Findings:
     return Findings(rows=rows, notes=[
         f"Threads: {smollm2.generation_threads()} (ORCHARD_SMOLLM2_THREADS, else half the CPUs, at most 4).",
         "Both paths run the same float32 model object; a fresh call gives the same ids and logprobs "
-        "(tests/test_policies.py checks it). The peer is plain `model.generate` (greedy, KV cache, "
+        "(tests/test_kv_decode.py checks it). The peer is plain `model.generate` (greedy, KV cache, "
         "logits_to_keep=1), without the per-step logits copies the old path also asked for.",
         "Prefill and decode of a single fresh call are bound by the same matrix products in both paths; the "
         "gain is in the conversation, where each call reuses the KV states of the previous one.",
