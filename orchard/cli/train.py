@@ -243,6 +243,11 @@ def _print_rl_step(report: Any) -> None:
     out.print(f"step {report.step}: {report.rollouts} rollouts ({report.errors} infrastructure errors, masked), "
               f"{report.informative_groups}/{len(report.rewards)} groups with signal; rewards {rewards}; "
               f"trained on {report.trained_tokens} policy tokens, {report.env_tokens} environment tokens masked")
+    for rollout in report.rollout_log:
+        reward = "masked (infrastructure error)" if rollout["reward"] is None else f"reward {rollout['reward']:g}"
+        out.print(f"  rollout {escape(str(rollout['rollout_key']))}: {escape(str(rollout['exit_status']))}, "
+                  f"{rollout['model_calls']} model calls, {rollout['sampled_tokens']} sampled tokens, "
+                  f"{rollout['environment_tokens']} environment tokens, {reward}")
     if report.retired:
         out.print(f"  retired (no signal): {escape(', '.join(f'{k} ({v})' for k, v in report.retired.items()))}")
     for drift in report.drifts:

@@ -41,6 +41,7 @@ class StepReport:
     drifts: list[str] = field(default_factory=list)
     retired: dict[str, str] = field(default_factory=dict)
     rewards: dict[str, list[float | None]] = field(default_factory=dict)  # task id -> rewards of its slots
+    rollout_log: list[dict[str, Any]] = field(default_factory=list)  # every rollout, chosen for training or not
     rollout_s: float = 0.0
 
 
@@ -103,6 +104,11 @@ class BarRolloutFunc:
                 chunk, sample = done.result()
                 samples[sample.rollout_key] = sample
                 report.rollouts += 1
+                report.rollout_log.append({
+                    "task_id": sample.task_id, "rollout_key": sample.rollout_key, "exit_status": sample.exit_status,
+                    "reward": sample.reward, "model_calls": sample.calls, "sampled_tokens": sample.trained_tokens,
+                    "environment_tokens": len(sample.env_mask) - sample.trained_tokens if sample.calls else 0,
+                    "notes": sample.notes})
                 if sample.reward is None:
                     report.errors += 1
                     allocator.record(chunk, rollout_id=sample.rollout_key,
