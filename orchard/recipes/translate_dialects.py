@@ -163,6 +163,9 @@ class MiniSweAgentDialect:
                 self._render(self.agent.config.instance_template, task=instruction, cwd=workdir))
 
     def read_task(self, trajectory: Trajectory) -> TaskText:
+        if trajectory.agent.extra.get("mode", "toolcall") != "toolcall":
+            raise UntranslatableCall("a mini-swe-agent trajectory in text mode (commands in the reply's text) is not "
+                                     "translated; translation reads its tool-calling mode (the default)")
         sentinel = {"task": "\x00TASK\x00"}
         regex = _sentinel_regex(self._render(self.agent.config.instance_template, **sentinel), sentinel)
         match = regex.match(_first_user_message(trajectory))

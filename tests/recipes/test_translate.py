@@ -169,3 +169,7 @@ def test_a_tool_the_target_cannot_express_is_refused_not_guessed():
     assert kept == [] and "browse" in refused["r"]
     with pytest.raises(UntranslatableCall, match="translation knows"):
         translate_trajectory(trajectory, "openhands")
+    text_mode = trajectory.model_copy(update={"agent": Agent(name="mini-swe-agent", version="1",
+                                                             extra={"mode": "text"})})
+    with pytest.raises(UntranslatableCall, match="text mode"):
+        translate_trajectory(text_mode, "react")
