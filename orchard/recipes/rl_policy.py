@@ -13,7 +13,9 @@ trains the consistent prefix and says so).
 same model, so ids and logprobs are still the policy's own. Tests and demos use it to put known-good and
 known-bad actions into a group (e.g. the oracle's patch); `None` samples.
 
-On a GPU, serve the policy with vLLM instead (`trl vllm-serve`, or vLLM's OpenAI server with
+On a CPU, generation is the KV-cached loop of `orchard.policies.kv_decode` with a prefix cache: a rollout's
+next prompt extends its last one, so only the new tokens are read (the cache is dropped whenever the
+trainer changes the weights). On a GPU, serve the policy with vLLM instead (`trl vllm-serve`, or vLLM's OpenAI server with
 `return_token_ids`) and route the gateway's `policy` alias to it (`hosted_vllm/...`): the gateway records
 its token ids and logprobs the same way (docs/training.md)."""
 
@@ -53,8 +55,12 @@ class TrainingPolicy:
     end_of_turn: str = "<|im_end|>"
     _rollouts: dict[str, _RolloutTokens] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _prefixes: Any = None
 
     def __post_init__(self) -> None:
+        from orchard.policies.kv_decode import PrefixCache
+
+        self._prefixes = PrefixCache(slots=8)
         self.end_of_turn_id = self.tokenizer.convert_tokens_to_ids(self.end_of_turn)
         self.native_tools = template_supports_tools(self.tokenizer.chat_template)
 
@@ -92,6 +98,11 @@ class TrainingPolicy:
     def forget(self, rollout_key: str) -> None:
         with self._lock:
             self._rollouts.pop(rollout_key, None)
+
+    def weights_changed(self) -> None:
+        """Drop the cached KV states: they were computed with the weights before the optimizer step."""
+        with self._lock:
+            self._prefixes.clear()
 
     # --- token in, token out ---------------------------------------------------------------------------
 
@@ -134,6 +145,19 @@ class TrainingPolicy:
         sampled = bool(temperature)
         was_training = self.model.training
         self.model.eval()
+        if self.model.device.type == "cpu":  # the KV-cached loop; a rollout's next prompt reuses its last one
+            from orchard.policies.kv_decode import decode
+
+            try:
+                with torch.inference_mode():
+                    if seed is not None:
+                        torch.manual_seed(seed)
+                    done = decode(self.model, prompt, max_new_tokens=min(max_new_tokens, limit),
+                                  eos_id=self.end_of_turn_id, temperature=temperature if sampled else None,
+                                  top_p=top_p if sampled else None, prefix_cache=self._prefixes)
+            finally:
+                self.model.train(was_training)
+            return done.ids, done.logprobs
         try:
             with torch.no_grad():
                 if seed is not None:

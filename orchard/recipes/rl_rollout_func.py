@@ -63,6 +63,7 @@ class BarRolloutFunc:
         policy = self.env.policy
         if policy is not None and hasattr(policy, "model"):
             policy.model = trainer.accelerator.unwrap_model(trainer.model)  # the weights being trained
+            policy.weights_changed()
         group_size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
         report = StepReport(step=len(self.reports) + 1)
         started = time.monotonic()
