@@ -60,6 +60,9 @@ class RolloutCredit(BaseModel):
                                                                                      "step_id, gain)")
     peak_step_id: int | None = None
     test_runs: int = 0
+    replay_matches_record: bool | None = Field(default=None, description=(
+        "the replay ended with the diff the run was graded on; False: the commands did not reproduce it "
+        "(nondeterministic commands, time, network), so the values are those of the replay"))
     error: str | None = Field(default=None, description="why no values could be computed")
 
     @property
@@ -144,7 +147,7 @@ async def assign_credit(trajectories: Iterable[Trajectory], tasks: Mapping[str, 
             if judge is not None:
                 values["judge"] = await judge_values(trajectory, task, judge)
             credit = credit_from_values(trajectory, values, settings)
-            credit.test_runs = proxies.test_runs
+            credit.test_runs, credit.replay_matches_record = proxies.test_runs, proxies.replay_matches_record
         except Exception as exc:  # one rollout's failure never stops the others
             credit = RolloutCredit(rollout_key=trajectory.rollout_key, task_id=trajectory.task_id,
                                    harness=trajectory.agent.name, error=f"{type(exc).__name__}: {exc}")

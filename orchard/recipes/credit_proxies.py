@@ -41,6 +41,8 @@ class ProxyValues:
     step_ids: list[int]
     values: dict[str, list[float]] = field(default_factory=dict)
     test_runs: int = 0
+    # whether the replay ended with the diff the run was graded on (None: the run recorded none)
+    replay_matches_record: bool | None = None
 
 
 def agent_steps(trajectory: Trajectory) -> list[Step]:
@@ -128,6 +130,8 @@ async def sandbox_proxies(orch: AsyncOrchard, task: Task, trajectory: Trajectory
     result = ProxyValues(step_ids=[step.step_id for step in steps])
     result.values["gold_files_opened"] = gold_files_opened(trajectory, gold)
     replay = await replay_patch(orch, task, trajectory, diff_after=lambda step: may_change_files(trajectory, step))
+    recorded = (trajectory.outcome.details.get("patch") if trajectory.outcome else None)
+    result.replay_matches_record = None if recorded is None else recorded == replay.patch
     patches, last = [], ""
     for step in steps:
         last = replay.patches.get(step.step_id, last)

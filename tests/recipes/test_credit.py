@@ -164,6 +164,7 @@ async def test_sandbox_proxies_value_a_real_failed_rollout_and_credit_its_ascent
         report = await assign_credit([bad, good], tasks, orchard, settings)
     (credit,) = report.rollouts  # only the failed rollout is valued
     assert credit.error is None and credit.rollout_key == bad.rollout_key
+    assert credit.replay_matches_record  # the replay ends where the run did
     proxies = credit.proxies
     assert proxies["gold_files_opened"] == [1.0] * 5  # the first command names the gold file
     # the diff after each step against the gold patch: the comment (F1 0.5), then the wrong return (2 of 3
