@@ -56,6 +56,7 @@ class TrainingPolicy:
     _rollouts: dict[str, _RolloutTokens] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _prefixes: Any = None
+    reused_prompt_tokens: int = 0  # prompt tokens whose KV states the prefix cache supplied
 
     def __post_init__(self) -> None:
         from orchard.policies.kv_decode import PrefixCache
@@ -157,6 +158,7 @@ class TrainingPolicy:
                                   top_p=top_p if sampled else None, prefix_cache=self._prefixes)
             finally:
                 self.model.train(was_training)
+            self.reused_prompt_tokens += done.reused_prefix
             return done.ids, done.logprobs
         try:
             with torch.no_grad():

@@ -96,6 +96,17 @@ def test_token_in_token_out_has_zero_drift_over_a_long_multi_turn_rollout(torch_
     environment = tokenizer.decode([t for t, m in zip(sample.completion_ids, sample.env_mask) if not m])
     assert environment.count("<|im_start|>user") == 11  # the harness's 11 replies, none of them trained
     assert environment.count("<|im_start|>assistant") == 11
+    # later calls read only their new tokens, and the logprobs recorded are the model's own: one forward
+    # pass over the whole sequence gives them back at every sampled position
+    assert policy.reused_prompt_tokens >= sum(len(c.prompt_token_ids) for c in calls[:-1])
+    model = policy.model.eval()
+    with torch_one_thread.no_grad():
+        logits = model(input_ids=torch_one_thread.tensor([full])).logits[0].float()
+    scores = torch_one_thread.log_softmax(logits, dim=-1)
+    offset = len(sample.prompt_ids)
+    recomputed = [float(scores[offset + i - 1, token]) for i, (token, m) in
+                  enumerate(zip(sample.completion_ids, sample.env_mask)) if m]
+    assert recomputed == pytest.approx([lp for call in calls for lp in call.logprobs], abs=1e-4)
 
 
 @pytest.mark.slow
