@@ -227,6 +227,10 @@ def _orchard_env_args(remapped: bool) -> list[str]:
         if len(env_dir.parts) <= 2 or not env_dir.is_dir():
             continue
         if env_dir.parts[1] in HOST_ENTRIES_REPLACED:
+            # On the sandbox's own /tmp or /run: the directories on the way are made by bwrap as host
+            # root, 0700 unless asked otherwise, which the remapped sandbox root could not enter.
+            for depth in range(3, len(env_dir.parts)):
+                args += ["--perms", "0755", "--dir", str(Path(*env_dir.parts[:depth]))]
             args += ["--ro-bind", str(env_dir), str(env_dir)]
             continue
         closed = _closed_ancestor(env_dir) if remapped else None
