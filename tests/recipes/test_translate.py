@@ -22,18 +22,14 @@ from orchard.recipes.translate_actions import MINI_SUBMIT_COMMAND, Create, Repla
 from orchard.recipes.translate_replay import replay_patch
 from orchard.sandbox.client import AsyncOrchard
 from tests.harness_rig import tool_calls
-from tests.running_server import remove_live_sandboxes
 
 PAGEKIT, LOGSTAMP = "orchard__pagekit-112", "orchard__logstamp-57"
 SCRIPTED = "scripted"
 
 
 @pytest.fixture
-def home(tmp_path):
-    directory = tmp_path / "home"
-    directory.mkdir()
-    yield directory
-    remove_live_sandboxes(directory)
+def home(sandbox_home):
+    return sandbox_home
 
 
 async def record(home: Path, out: Path, *, harness: str, model: str, config: GatewayConfig, tasks: list[str]):
