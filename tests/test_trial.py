@@ -378,3 +378,25 @@ async def test_no_trial_outlives_its_deadline_by_more_than_a_few_seconds(home):
     assert time.monotonic() - started < 3 + 10  # the deadline, plus deleting the sandbox
     assert trajectory.exit_status == "environment_error" and "ran past" in trajectory.outcome.error
     assert trajectory.phases[0].result == "timeout" and trajectory.phases[0].timeout_s == pytest.approx(3, abs=0.5)
+
+
+class _BrokenHarness(_SetupHarness):
+    """Returns a trajectory that does not hold together (built without validation, steps out of order)."""
+
+    name = "broken-probe"
+
+    async def run(self, task, sandbox, model):
+        from orchard.core.trajectory import Agent, Step
+
+        return Trajectory.model_construct(agent=Agent(name=self.name, version=self.version),
+                                          steps=[Step(step_id=7, source="user", message="x")])
+
+
+async def test_an_invalid_trajectory_from_a_harness_is_its_error_not_a_crash_of_the_run(home):
+    from orchard.core.task import ScriptGrader
+    from orchard.eval.run_config import TrialTimeouts
+
+    task = Task(id="broken-probe", instruction="-", grader=ScriptGrader(script="true"))
+    trajectory = await _run_trial(home, _BrokenHarness(), task, TrialTimeouts())
+    assert trajectory.exit_status == "agent_error" and trajectory.partial
+    assert "invalid trajectory" in trajectory.outcome.error and "step_id" in trajectory.outcome.error

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, TypeVar
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from orchard.core.errors import (
     BackendError,
@@ -32,6 +32,7 @@ from orchard.core.errors import (
     OrchardError,
     SandboxLost,
     SandboxNotFound,
+    first_problem,
 )
 from orchard.core.harness import Harness, ModelConfig, SamplingParams, setup_harness
 from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord, is_agent_outcome
@@ -306,7 +307,17 @@ class Trial:
         if data.get("outcome") is None:
             data["outcome"] = Outcome(error="not graded: the task has no grader").model_dump()
             data["exit_status"] = data.get("exit_status") or "grader_error"
-        return Trajectory.model_validate(data)
+        try:
+            return Trajectory.model_validate(data)
+        except ValidationError as exc:  # what the harness returned does not hold together: its error, kept
+            error = f"agent_error: the harness returned an invalid trajectory: {first_problem(exc.errors())}"
+            log.error("task %s: %s", self.task.id, error)
+            rebuilt = trajectory_from_calls(calls, self._agent_record())  # the steps, from the gateway's records
+            kept = {key: data[key] for key in ("task_id", "rollout_key", "llm_calls", "phases", "final_metrics")}
+            return Trajectory.model_validate({
+                **kept, "agent": rebuilt.agent.model_dump(), "steps": [step.model_dump() for step in rebuilt.steps],
+                "exit_status": "agent_error", "partial": True, "notes": error,
+                "outcome": Outcome(error=error).model_dump(), "extra": {"invalid_trajectory": str(exc)[:4000]}})
 
 
 # --- how a failure is classed, phase by phase ---------------------------------------------------------
