@@ -38,6 +38,7 @@ implementations mask such rollouts. A prompt with `max_errors` errors is retired
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -176,7 +177,7 @@ class AllocatorStats(BaseModel):
         return self.rollouts / self.informative_groups if self.informative_groups else math.inf
 
 
-class Allocator:
+class Allocator(ABC):
     """The shared machinery: prompts drawn in order, in-flight accounting, results, stats. Subclasses say
     how many rollouts a prompt needs next (`_wanted`) and when it is finished (`_settle`)."""
 
@@ -291,11 +292,13 @@ class Allocator:
         elif group is not None:
             state.retired = "unused"  # the batch filled up while this prompt's rollouts ran
 
+    @abstractmethod
     def _wanted(self, state: PromptState) -> int:
-        raise NotImplementedError
+        """How many more rollouts `state`'s prompt needs now (each strategy decides)."""
 
+    @abstractmethod
     def _settle(self, state: PromptState) -> None:
-        raise NotImplementedError
+        """Close `state` once its rollouts say so: a group to train on, or retired."""
 
 
 class FixedGroupAllocator(Allocator):
