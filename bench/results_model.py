@@ -3,11 +3,12 @@ JSON file that keeps the latest result of every measurement (`--only` updates on
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
+
+from orchard.util.files import atomic_write_text
 
 from bench.machine import MachineInfo
 from bench.stats import LatencyStats
@@ -113,8 +114,6 @@ def load_results(path: Path) -> BenchResults:
 
 
 def save_results(path: Path, results: BenchResults) -> None:
-    """Write atomically (temp file + rename) so an interrupted run never leaves half a JSON file."""
+    """Write atomically so an interrupted run never leaves half a JSON file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(results.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, results.model_dump_json(indent=2) + "\n")

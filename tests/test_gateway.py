@@ -420,7 +420,7 @@ def test_config_files(tmp_path):
     assert config.default_budget.max_calls == 50
     json_file = tmp_path / "gateway.json"
     json_file.write_text(json.dumps({"models": {"a": {"model": "openai/x", "api_kee": "typo"}}}))
-    with pytest.raises(InvalidRequest, match=r"models\.a\.api_kee: Extra inputs are not permitted"):
+    with pytest.raises(InvalidRequest, match=r"models\.a\.api_kee: unknown field \(not allowed here\)"):
         GatewayConfig.load(json_file)
     with pytest.raises(NotFound):
         GatewayConfig.load(tmp_path / "missing.yaml")

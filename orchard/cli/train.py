@@ -96,11 +96,13 @@ def _translated_or_credited(settings: Any, target_harness: str | None, credit: b
             import yaml
             from pydantic import ValidationError
 
+            from orchard.core.errors import first_problem
+
             data = yaml.safe_load(credit_config.read_text()) if credit_config else {}
             try:
                 credit_settings = CreditSettings.model_validate(data or {})
             except ValidationError as exc:
-                fail(f"{credit_config}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}", code=2)
+                fail(f"{credit_config}: {first_problem(exc, 'credit')}", code=2)
         tokenizer = load_tokenizer(check_model_dir(settings.model))
         with err.status("preparing the examples (translation, credit assignment in sandboxes)"):
             prepared = prepare_examples(read_training_trajectories(settings.inputs), tokenizer,

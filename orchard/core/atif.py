@@ -26,7 +26,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from orchard.core.errors import InvalidRequest
+from orchard.core.errors import InvalidRequest, describe_validation_errors
 from orchard.core.trajectory import (
     ORCHARD_EXTRA_KEY,
     SUPPORTED_ATIF_VERSIONS,
@@ -106,7 +106,8 @@ def from_atif(document: Mapping[str, Any] | str | bytes) -> Trajectory:
     try:
         return Trajectory.model_validate(fields)
     except ValidationError as exc:
-        raise InvalidRequest(f"not a valid ATIF trajectory: {_describe(exc)}") from None
+        problems = describe_validation_errors(exc, "document", limit=5)
+        raise InvalidRequest(f"not a valid ATIF trajectory: {problems}") from None
 
 
 # --- export ----------------------------------------------------------------------------------------
@@ -292,12 +293,3 @@ def _atif_model_in(annotation: Any) -> type[AtifObject] | None:
         if found is not None:
             return found
     return None
-
-
-def _describe(error: ValidationError, limit: int = 5) -> str:
-    problems = []
-    for item in error.errors()[:limit]:
-        location = ".".join(str(part) for part in item["loc"]) or "document"
-        problems.append(f"{location}: {item['msg']}")
-    more = error.error_count() - limit
-    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")

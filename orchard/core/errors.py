@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel, Field
+
 
 class OrchardError(Exception):
     """Base of every error Orchard raises on purpose."""
@@ -109,13 +113,50 @@ def error_from_code(code: str, message: str) -> OrchardError:
     return ERRORS_BY_CODE.get(code, OrchardError)(message)
 
 
-def first_problem(errors: list[dict], default: str = "input", *, skip: int = 0) -> str:
-    """`field.path: message` for the first of pydantic's `errors()` (what a user fixes first), noting how
-    many more there are. `skip` drops leading location parts (e.g. FastAPI's "body")."""
-    first = errors[0]
-    where = ".".join(str(part) for part in first["loc"][skip:]) or default
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+# Where FastAPI says a bad value came from; the user knows the field, not the envelope.
+_REQUEST_ENVELOPE = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+def describe_validation_errors(errors: Any, default: str = "input", *, limit: int | None = None) -> str:
+    """pydantic's validation errors as one sentence a user can act on: `field.path: message` for each,
+    joined with `; `; with `limit`, only the first `limit` (what a user fixes first) and how many more.
+
+    `errors` is a pydantic `ValidationError`, FastAPI's `RequestValidationError`, or their `errors()`.
+    A location that is empty (a whole-model check) reads as `default`; FastAPI's envelope ("body",
+    "query", ...) is left out of a longer location. An unknown field and invalid JSON get a plain
+    message. The one formatter of validation errors in Orchard: callers add their own prefix."""
+    if hasattr(errors, "errors"):
+        errors = errors.errors()
+    errors = list(errors)
+    shown = errors if limit is None else errors[:limit]
+    parts = []
+    for error in shown:
+        loc = [str(part) for part in error.get("loc", ())]
+        if len(loc) > 1 and loc[0] in _REQUEST_ENVELOPE:
+            loc = loc[1:]
+        where = ".".join(loc) or default
+        message = str(error.get("msg", "invalid value"))
+        if error.get("type") == "extra_forbidden":
+            message = "unknown field (not allowed here)"
+        elif error.get("type") == "json_invalid":  # its loc is a character position, not a field
+            where = loc[0] if error.get("loc") and str(error["loc"][0]) in _REQUEST_ENVELOPE else default
+            message = f"not valid JSON ({(error.get('ctx') or {}).get('error', message)})"
+        parts.append(f"{where}: {message}")
+    more = f" (and {len(errors) - len(shown)} more)" if len(errors) > len(shown) else ""
+    return ("; ".join(parts) or f"{default}: invalid") + more
+
+
+def first_problem(errors: Any, default: str = "input") -> str:
+    """`describe_validation_errors` of the first error only, noting how many more there are."""
+    return describe_validation_errors(errors, default, limit=1)
+
+
+class ErrorBody(BaseModel):
+    """The wire form of an `OrchardError`: the body of every error response of Orchard's HTTP services
+    (orchestrator, gateway); `error_from_code` turns it back into the typed error."""
+
+    error: str = Field(description="a code from orchard/core/errors.py, e.g. sandbox_not_found")
+    message: str
 
 
 class GraderError(OrchardError):

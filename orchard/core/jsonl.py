@@ -1,7 +1,7 @@
 """JSON Lines files of pydantic models (trajectories, tasks): one model per line, in Orchard's own JSON.
 
-Writing a whole file is atomic (a temporary file in the same directory, fsync'd, then renamed over the
-target), so readers never see half a file. Appending is how a resumable evaluation records results: each
+Writing a whole file is atomic (`orchard.util.files.atomic_write_bytes`), so readers never see half a
+file. Appending is how a resumable evaluation records results: each
 line is written, flushed and fsync'd on its own, under an exclusive lock, so a crash loses at most the line
 being written. Such an interrupted line (the file's last, with no newline) is skipped by `read_jsonl` and
 cut off by the next append."""
@@ -12,7 +12,6 @@ import fcntl
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchard.core.errors import InvalidRequest, first_problem, NotFound
 from orchard.core.trajectory import Trajectory
+from orchard.util.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -76,44 +76,7 @@ def _line(item: BaseModel) -> bytes:
 
 
 def _replace(path: Path, items: Iterable[BaseModel]) -> None:
-    atomic_write(path, b"".join(_line(item) for item in items))
-
-
-def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
-    """Replace `path` with `data`: readers see the old file or the new one, never half of one. The file
-    gets `mode`, else the mode of the file it replaces, else the mode a plain `open()` would give it
-    (0666 less the umask) — not the 0600 of the temporary file it is written as."""
-    path = Path(path)
-    if mode is None:
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o666 & ~_umask()
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-        temporary = None
-        _fsync_directory(path.parent)
-    finally:
-        if temporary is not None:
-            os.unlink(temporary)
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it (os.umask sets it, which races with other threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
+    atomic_write_bytes(path, b"".join(_line(item) for item in items))
 
 
 def _append(path: Path, items: Iterable[BaseModel]) -> None:
@@ -157,12 +120,3 @@ def _end_interrupted_line(path: Path, out: BinaryIO) -> None:
         return
     out.seek(0, os.SEEK_END)
     out.write(b"\n")
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Makes the rename itself durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

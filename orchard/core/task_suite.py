@@ -16,9 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchard.core.errors import InvalidRequest, NotFound
-from orchard.core.jsonl import atomic_write, read_jsonl, write_jsonl
+from orchard.core.errors import InvalidRequest, NotFound, first_problem
+from orchard.core.jsonl import read_jsonl, write_jsonl
 from orchard.core.task import SWEBenchInstance, Task
+from orchard.util.files import atomic_write_bytes
 
 MANIFEST_FILE = "suite.json"
 TASKS_FILE = "tasks.jsonl"
@@ -79,7 +80,7 @@ class TaskSuite(BaseModel):
         try:
             return cls(name=manifest.name, description=manifest.description, tasks=tasks)
         except ValidationError as exc:
-            raise InvalidRequest(f"{directory}: {exc.errors()[0]['msg']}") from None
+            raise InvalidRequest(f"{directory}: {first_problem(exc, 'suite')}") from None
 
     def save(self, directory: str | Path) -> None:
         """Write the suite in the `orchard` format; each file is replaced atomically."""
@@ -87,7 +88,7 @@ class TaskSuite(BaseModel):
         directory.mkdir(parents=True, exist_ok=True)
         write_jsonl(directory / TASKS_FILE, self.tasks)
         manifest = SuiteManifest(name=self.name, description=self.description)
-        atomic_write(directory / MANIFEST_FILE, (manifest.model_dump_json(indent=2) + "\n").encode())
+        atomic_write_bytes(directory / MANIFEST_FILE, (manifest.model_dump_json(indent=2) + "\n").encode())
 
 
 def _read_manifest(directory: Path) -> SuiteManifest:

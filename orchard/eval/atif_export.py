@@ -15,9 +15,10 @@ from pathlib import Path
 
 from orchard.core.atif import to_atif
 from orchard.core.errors import InvalidRequest, NotFound
-from orchard.core.jsonl import atomic_write, read_jsonl
+from orchard.core.jsonl import read_jsonl
 from orchard.core.trajectory import Trajectory
 from orchard.eval.results import TRAJECTORIES_FILE
+from orchard.util.files import atomic_write_bytes
 
 MAX_NAME_CHARS = 200  # file systems allow 255 bytes a name
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -66,7 +67,7 @@ def export_atif(run_dir: str | Path, out_dir: str | Path, *, version: str | None
             name, number = f"{stem}-{number}.json", number + 1
         taken.add(name)
         path = out_dir / name
-        atomic_write(path, (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode())
+        atomic_write_bytes(path, (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode())
         written.append(path)
         if on_written is not None:
             on_written(path, index + 1, len(trajectories))

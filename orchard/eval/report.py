@@ -16,6 +16,7 @@ from typing import Any
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.trajectory import Content, Trajectory
 from orchard.eval.results import RESULTS_FILE, EvalResults, TaskResult, latest_by_task, read_results, read_trajectories
+from orchard.util.files import atomic_write_text
 
 TEMPLATE = "report.html.jinja"
 MAX_TEXT_CHARS = 20_000
@@ -107,9 +108,7 @@ def render_report(runs: list[RunReport]) -> str:
 def write_report(runs: list[RunReport], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(render_report(runs), encoding="utf-8")
-    temporary.replace(path)  # a reader never sees half a report
+    atomic_write_text(path, render_report(runs))  # a reader never sees half a report
     return path
 
 

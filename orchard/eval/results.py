@@ -20,11 +20,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from orchard.core.errors import InvalidRequest
-from orchard.core.jsonl import atomic_write, read_jsonl
+from orchard.core.errors import InvalidRequest, first_problem
+from orchard.core.jsonl import read_jsonl
 from orchard.core.run_status import is_agent_outcome
 from orchard.core.trajectory import Trajectory
 from orchard.eval.run_config import EvalConfig
+from orchard.util.files import atomic_write_bytes
 
 RESULTS_FILE = "results.json"
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -156,8 +157,8 @@ def read_results(out_dir: Path) -> EvalResults | None:
     except FileNotFoundError:
         return None
     except ValidationError as exc:
-        raise InvalidRequest(f"{path} is not an Orchard results file ({exc.errors()[0]['msg']}); choose another "
-                             "output directory") from None
+        raise InvalidRequest(f"{path} is not an Orchard results file ({first_problem(exc, 'results')}); choose "
+                             "another output directory") from None
 
 
 def read_trajectories(out_dir: Path) -> list[Trajectory]:
@@ -169,4 +170,5 @@ def write_results(out_dir: Path, results: EvalResults) -> None:
     """Replace results.json atomically: readers see the old file or the new one, never half of one."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / RESULTS_FILE, (json.dumps(results.model_dump(mode="json"), indent=2) + "\n").encode())
+    document = json.dumps(results.model_dump(mode="json"), indent=2) + "\n"
+    atomic_write_bytes(out_dir / RESULTS_FILE, document.encode())

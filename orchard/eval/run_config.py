@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchard.core.errors import InvalidRequest, first_problem
 from orchard.core.harness import SamplingParams
-from orchard.core.jsonl import atomic_write
 from orchard.core.task_suite import TaskSuite
+from orchard.util.files import atomic_write_bytes
 
 CONFIG_FILE = "config.json"
 
@@ -83,7 +83,7 @@ def read_config(out_dir: Path) -> EvalConfig | None:
 
 
 def write_config(out_dir: Path, config: EvalConfig) -> None:
-    atomic_write(Path(out_dir) / CONFIG_FILE, (json.dumps(config.key(), indent=2) + "\n").encode())
+    atomic_write_bytes(Path(out_dir) / CONFIG_FILE, (json.dumps(config.key(), indent=2) + "\n").encode())
 
 
 def check_same_config(previous: EvalConfig, config: EvalConfig, out_dir: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from orchard.core.jsonl import atomic_write
+from orchard.util.files import atomic_write_bytes
 
 METRICS_JSON, METRICS_CSV, LOSS_PLOT = "metrics.json", "metrics.csv", "loss.png"
 STEP_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "mean_token_accuracy", "num_tokens")
@@ -38,12 +38,12 @@ def write_metrics(out: Path, run: dict[str, Any], log_history: list[dict[str, An
                   totals: dict[str, Any] | None = None) -> None:
     steps = logged_steps(log_history)
     document = {**run, "steps": steps, "train": totals}
-    atomic_write(out / METRICS_JSON, (json.dumps(document, indent=2, default=str) + "\n").encode())
+    atomic_write_bytes(out / METRICS_JSON, (json.dumps(document, indent=2, default=str) + "\n").encode())
     table = io.StringIO()
     writer = csv.DictWriter(table, fieldnames=STEP_COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(steps)
-    atomic_write(out / METRICS_CSV, table.getvalue().encode())
+    atomic_write_bytes(out / METRICS_CSV, table.getvalue().encode())
 
 
 def write_loss_plot(out: Path, log_history: list[dict[str, Any]], title: str) -> None:
@@ -63,7 +63,7 @@ def write_loss_plot(out: Path, log_history: list[dict[str, Any]], title: str) ->
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
-    atomic_write(out / LOSS_PLOT, buffer.getvalue())
+    atomic_write_bytes(out / LOSS_PLOT, buffer.getvalue())
 
 
 class MetricsCallback(TrainerCallback):

@@ -21,7 +21,7 @@ from typing import Any, AsyncGenerator
 
 from pydantic import ValidationError
 
-from orchard.core.errors import InvalidRequest, NotFound, OrchardError, SandboxLost
+from orchard.core.errors import InvalidRequest, NotFound, OrchardError, SandboxLost, describe_validation_errors
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
 from orchard.sandbox import exit_cleanup
 from orchard.sandbox.agent_client import AgentSandbox
@@ -40,8 +40,7 @@ def _spec_from(spec: SandboxSpec | None, fields: dict[str, Any]) -> SandboxSpec:
             return SandboxSpec(**fields)
         return SandboxSpec.model_validate({**spec.model_dump(), **fields}) if fields else spec
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors())
-        raise InvalidRequest(f"invalid sandbox spec: {problems}") from exc
+        raise InvalidRequest(f"invalid sandbox spec: {describe_validation_errors(exc, 'spec')}") from exc
 
 
 class AsyncOrchard:

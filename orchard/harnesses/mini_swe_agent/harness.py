@@ -19,7 +19,7 @@ from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 from minisweagent.utils.serialize import recursive_merge
 from pydantic import ValidationError
 
-from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.core.errors import InvalidRequest, OrchardError, describe_validation_errors
 from orchard.core.harness import ModelConfig, orchard_version
 from orchard.core.sandbox import Sandbox
 from orchard.core.run_status import ExitStatus
@@ -76,7 +76,7 @@ class MiniSweAgentHarness:
         try:
             AgentConfig(**agent)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            problems = describe_validation_errors(exc, "agent")
             raise InvalidRequest(f"invalid mini-swe-agent agent config: {problems}") from None
         return agent
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchard.core.errors import BudgetExceeded, InvalidRequest, OrchardError
+from orchard.core.errors import BudgetExceeded, InvalidRequest, OrchardError, describe_validation_errors
 from orchard.core.harness import ModelConfig, orchard_version
 from orchard.core.sandbox import Sandbox
 from orchard.core.run_status import ExitStatus
@@ -49,8 +49,7 @@ class ReActHarness:
         try:
             self.config = ReActConfig.model_validate({**base, **fields})
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise InvalidRequest(f"invalid react harness config: {problems}") from None
+            raise InvalidRequest(f"invalid react harness config: {describe_validation_errors(exc, 'config')}") from None
 
     async def run(self, task: Task, sandbox: Sandbox, model: ModelConfig) -> Trajectory:
         return await _Episode(self.config, task, sandbox, model).run()

@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orchard.core.errors import AuthError, BackendError, NotFound, OrchardError, SandboxLost, SandboxNotFound
+from orchard.core.errors import (AuthError, BackendError, NotFound, OrchardError, SandboxLost, SandboxNotFound,
+                                 describe_validation_errors)
 from orchard.core.sandbox import ExecResult, Sandbox
 from orchard.harnesses.shell_command import shell_argv
 
@@ -127,7 +128,7 @@ class SandboxTools:
         try:
             args = model.model_validate(arguments)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+            problems = describe_validation_errors(exc, "arguments")
             return ToolResult(content=f"Error: invalid arguments for {name}: {problems}", is_error=True)
         try:
             if isinstance(args, SubmitArgs):

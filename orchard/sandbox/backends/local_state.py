@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from orchard.util.files import atomic_write_text
+
 
 class LocalHandle(BaseModel):
     """Backend-private state of one sandbox; persisted by the orchestrator and in `meta.json`."""
@@ -33,9 +35,7 @@ class SandboxRecord(BaseModel):
 
 def write_record(path: Path, record: SandboxRecord) -> None:
     """Atomically: a reader sees the old record or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(record.model_dump_json())
-    os.replace(tmp, path)
+    atomic_write_text(path, record.model_dump_json())
 
 
 def read_record(path: Path) -> SandboxRecord | None:

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchard.core.errors import InvalidRequest
+from orchard.core.errors import InvalidRequest, describe_validation_errors
 from orchard.core.sandbox import SandboxSpec
 
 DEFAULT_MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -64,7 +64,7 @@ class SpecLimits(BaseModel):
         try:
             return SpecLimits.model_validate(data)
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            problems = describe_validation_errors(e, "limits")
             raise InvalidRequest(f"invalid sandbox maximum ({problems}); give a positive number or 'none'") from e
 
 
