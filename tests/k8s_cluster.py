@@ -11,6 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "scripts" / "k8s" / "cluster.sh"
+# The dev cluster's kubelet podPidsLimit (scripts/k8s/lib.sh), which the backend's max_processes rests on.
+POD_PIDS_LIMIT = 512
 
 
 def dev_cluster_kubeconfig() -> Path:

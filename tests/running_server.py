@@ -97,10 +97,9 @@ def running_server(home: Path, api_key: str | None = None) -> Iterator[RunningSe
 
 
 def _local_backend(home: Path):
-    from orchard.sandbox.backends.registry import create_backend
-    from orchard.sandbox.server.home import backend_options
+    from orchard.sandbox.backends.registry import backend_config, create_backend
 
-    return create_backend("local", **backend_options("local", home))
+    return create_backend(backend_config("local", home))
 
 
 async def live_sandbox_ids(home: Path) -> set[str]:

@@ -18,7 +18,7 @@ import pytest
 
 from orchard.core.errors import InvalidRequest, SandboxLost
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
-from tests.k8s_cluster import CLUSTER_SCRIPT, require_cluster
+from tests.k8s_cluster import CLUSTER_SCRIPT, POD_PIDS_LIMIT, require_cluster
 from tests.running_server import free_port
 
 pytestmark = pytest.mark.k8s
@@ -81,7 +81,7 @@ async def backend(kubeconfig, agent_image, namespace, instance):
 def _backend(kubeconfig, agent_image, namespace, instance):
     from orchard.sandbox.backends.kubernetes import KubernetesBackend
     return KubernetesBackend(namespace=namespace, instance=instance, agent_image=agent_image,
-                             image_pull_policy="Never", kubeconfig=kubeconfig)
+                             image_pull_policy="Never", kubeconfig=kubeconfig, pod_pids_limit=POD_PIDS_LIMIT)
 
 
 def _sandbox_id() -> str:
@@ -241,7 +241,8 @@ async def test_lifecycle_through_the_sdk_and_orchard_serve(kubeconfig, agent_ima
     port, key = free_port(), secrets.token_urlsafe(16)
     env = {**os.environ, "KUBECONFIG": kubeconfig, "ORCHARD_K8S_NAMESPACE": namespace,
            "ORCHARD_K8S_INSTANCE": instance, "ORCHARD_K8S_AGENT_IMAGE": agent_image,
-           "ORCHARD_K8S_IMAGE_PULL_POLICY": "Never", "ORCHARD_HOME": str(tmp_path), "ORCHARD_API_KEY": key}
+           "ORCHARD_K8S_IMAGE_PULL_POLICY": "Never", "ORCHARD_HOME": str(tmp_path), "ORCHARD_API_KEY": key,
+           "ORCHARD_K8S_POD_PIDS_LIMIT": str(POD_PIDS_LIMIT)}
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         server = subprocess.Popen([sys.executable, "-m", "orchard.cli.main", "serve", "--backend", "kubernetes",

@@ -24,7 +24,7 @@ import pytest
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.backends.base import BackendSandbox
+from orchard.core.backend import BackendSandbox
 from orchard.sandbox.backends.bwrap import find_bwrap
 from orchard.sandbox.backends.cgroups import placements
 from orchard.sandbox.backends.local import LocalBackend

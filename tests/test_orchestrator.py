@@ -25,8 +25,8 @@ import httpx
 import pytest
 
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.registry import create_backend
-from orchard.sandbox.server.home import backend_options, state_db_path
+from orchard.sandbox.backends.registry import backend_config, create_backend
+from orchard.sandbox.server.home import state_db_path
 from orchard.sandbox.server.service import SandboxService
 from orchard.sandbox.server.store import SandboxStore
 
@@ -55,7 +55,7 @@ class ServerProcess:
         self.home = home
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log = home / f"serve-{uuid.uuid4().hex[:6]}.log"
-        options = {"host": "127.0.0.1", "port": int(self.url.rsplit(":", 1)[1]), "backend_name": "local",
+        options = {"host": "127.0.0.1", "port": int(self.url.rsplit(":", 1)[1]), "backend": "local",
                    "api_key": API_KEY, "home": str(home), "reap_interval_s": REAP_INTERVAL_S,
                    "log_level": "info"}
         with open(self.log, "wb") as log:
@@ -93,11 +93,11 @@ def sweep(home: Path) -> None:
     """Delete every sandbox under `home`: a fresh service takes over what stopped instances left, then
     deletes it all. Then check the backend runs nothing there."""
     async def run() -> list[str]:
-        backend = create_backend("local", **backend_options("local", home))
+        backend = create_backend(backend_config("local", home))
         service = SandboxService(backend, SandboxStore(state_db_path(home)))
         await service.start()
         await service.stop(delete_all=True)
-        return [b.id for b in await create_backend("local", **backend_options("local", home)).list_live()]
+        return [b.id for b in await create_backend(backend_config("local", home)).list_live()]
 
     assert asyncio.run(run()) == []
 

@@ -15,7 +15,7 @@ import pytest
 
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
-from orchard.sandbox.backends.base import BackendSandbox
+from orchard.core.backend import BackendSandbox
 from orchard.sandbox.server import instances
 from orchard.sandbox.server.models import SandboxRecord
 from orchard.sandbox.server.store import SCHEMA_VERSION, SandboxStore

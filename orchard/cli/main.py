@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from orchard import __version__
+from orchard.cli import backend as backend_cli
 from orchard.cli import eval as eval_cli
 from orchard.cli import export as export_cli
 from orchard.cli import gateway as gateway_cli
@@ -19,7 +20,7 @@ from orchard.cli import report as report_cli
 from orchard.cli import sandbox as sandbox_cli
 from orchard.cli import train as train_cli
 from orchard.cli.sandbox import err, fail, out
-from orchard.core.errors import OrchardError
+from orchard.core.errors import InvalidRequest, OrchardError
 from orchard.sandbox.backends.registry import available_backends
 
 app = typer.Typer(name="orchard", no_args_is_help=True, pretty_exceptions_enable=False,
@@ -27,6 +28,7 @@ app = typer.Typer(name="orchard", no_args_is_help=True, pretty_exceptions_enable
 app.add_typer(sandbox_cli.app, name="sandbox")
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(harness_cli.app, name="harness")
+app.add_typer(backend_cli.app, name="backend")
 app.add_typer(export_cli.app, name="export")
 app.add_typer(train_cli.app, name="train")
 app.command("report")(report_cli.report)
@@ -49,9 +51,15 @@ def main(version: Annotated[bool, typer.Option(
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 for every interface.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8700,
-    backend: Annotated[str, typer.Option(
-        help=f"Where sandboxes run: {', '.join(available_backends())} (local: bubblewrap on this machine).")
-    ] = "local",
+    backend: Annotated[Optional[str], typer.Option(
+        help=f"Where sandboxes run: {', '.join(available_backends())} (default local: bubblewrap on this machine; "
+             "`orchard backend list` shows what each enforces). Its settings come from the environment "
+             "(e.g. ORCHARD_K8S_*, DOCKER_HOST) unless --backend-config is given.")
+    ] = None,
+    backend_config: Annotated[Optional[Path], typer.Option(
+        dir_okay=False, help="A JSON or YAML file with the backend's config: a mapping with 'backend' (its "
+                             "name) and any of its fields (`orchard backend list` names them); fields not "
+                             "given keep the defaults from the environment.")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(
         envvar="ORCHARD_API_KEY_FILE", show_envvar=True, dir_okay=False,
         help="File holding the key clients must send as 'Authorization: Bearer KEY' (or set ORCHARD_API_KEY). "
@@ -94,7 +102,8 @@ def serve(
              "(ps, /proc). Set ORCHARD_API_KEY or pass --api-key-file FILE instead.", code=2)
     key = read_api_key_file(api_key_file) if api_key_file else os.environ.get("ORCHARD_API_KEY", "").strip()
     try:
-        limits = spec_limits(backend, resolve_home(home), {
+        config = _backend_config(backend, backend_config, resolve_home(home))
+        limits = spec_limits(config.backend, resolve_home(home), {
             "cpu": max_cpu, "memory_mb": max_memory_mb, "disk_mb": max_disk_mb, "max_processes": max_processes,
             "timeout_s": max_timeout_s})
     except OrchardError as exc:
@@ -102,7 +111,7 @@ def serve(
     generated = not key
     key = key or secrets.token_urlsafe(24)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    err.print(f"Orchard server on http://{escape(host)}:{port} (backend {escape(backend)}). Clients use:")
+    err.print(f"Orchard server on http://{escape(host)}:{port} (backend {escape(config.backend)}). Clients use:")
     # Printed to stdout, one per line, so that scripts can pick them up.
     out.print(f"export ORCHARD_URL=http://{escape(url_host)}:{port}", soft_wrap=True)
     if generated:
@@ -110,10 +119,26 @@ def serve(
         err.print("[yellow]The API key above was generated for this run and is not shown again; "
                   "set ORCHARD_API_KEY or pass --api-key-file to choose one.[/]")
     try:
-        run_server(host=host, port=port, backend_name=backend, api_key=key, home=home, log_level=log_level,
+        run_server(host=host, port=port, backend=config, api_key=key, home=home, log_level=log_level,
                    limits=limits)
     except OrchardError as exc:
         fail(str(exc))
+
+
+def _backend_config(name: str | None, path: Path | None, home: Path):
+    """The config `orchard serve` runs: from --backend-config when given (its 'backend' must agree with
+    --backend when both are given), else backend `name`'s defaults (default local)."""
+    from orchard.sandbox.backends.registry import backend_config, parse_backend_config
+    from orchard.util.config_files import read_config_file
+
+    if path is None:
+        return backend_config(name or "local", home)
+    data = read_config_file(path, "backend config")
+    data.setdefault("backend", name or "local")
+    if name is not None and data["backend"] != name:
+        raise InvalidRequest(f"--backend {name} but the backend config {path} is for {data['backend']!r}; "
+                             "give one of them")
+    return parse_backend_config(data, home)
 
 
 def read_api_key_file(path: Path) -> str:

@@ -21,11 +21,13 @@ from typing import Any, AsyncGenerator
 
 from pydantic import ValidationError
 
+from orchard.core.backend import BackendConfig
+from orchard.core.control_plane import ControlPlane
 from orchard.core.errors import InvalidRequest, NotFound, OrchardError, SandboxLost, describe_validation_errors
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
 from orchard.sandbox import exit_cleanup
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.control import ControlPlane, EmbeddedControlPlane, RemoteControlPlane
+from orchard.sandbox.control import EmbeddedControlPlane, RemoteControlPlane
 from orchard.sandbox.sync import LoopThread, SyncSandbox
 
 log = logging.getLogger(__name__)
@@ -44,18 +46,23 @@ def _spec_from(spec: SandboxSpec | None, fields: dict[str, Any]) -> SandboxSpec:
 
 
 class AsyncOrchard:
-    """Client of one orchestrator. `url` None (and no ORCHARD_URL) runs it in-process on the local
-    backend, state under `home` ($ORCHARD_HOME, default ~/.orchard); otherwise talks to the server at
-    `url` with `api_key` (default ORCHARD_API_KEY). Use as `async with`, or call `close()`."""
+    """Client of one orchestrator. `url` None (and no ORCHARD_URL) runs it in-process, state under `home`
+    ($ORCHARD_HOME, default ~/.orchard), on `backend` (a `BackendConfig` or a backend's name, default
+    the local backend); otherwise talks to the server at `url` with `api_key` (default ORCHARD_API_KEY),
+    whose backend is the server's choice. Use as `async with`, or call `close()`."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
-                 home: str | Path | None = None, timeout: float = 300.0, _guard_exit: bool = True) -> None:
+                 home: str | Path | None = None, timeout: float = 300.0,
+                 backend: BackendConfig | str | None = None, _guard_exit: bool = True) -> None:
         self.url = url or os.environ.get("ORCHARD_URL") or None
         if self.url:
+            if backend is not None:
+                raise InvalidRequest("backend= chooses where an in-process orchestrator runs sandboxes; a server "
+                                     f"at {self.url} uses its own (`orchard serve --backend`): drop one of them")
             key = api_key or os.environ.get("ORCHARD_API_KEY") or None
             self._control: ControlPlane = RemoteControlPlane(self.url, key, timeout=timeout)
         else:
-            self._control = EmbeddedControlPlane(home)
+            self._control = EmbeddedControlPlane(home, backend)
         self._created: dict[str, AgentSandbox] = {}
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -226,9 +233,10 @@ class Orchard:
     `SyncSandbox` objects. Use as `with Orchard() as orch:`, or call `close()`."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
-                 home: str | Path | None = None, timeout: float = 300.0) -> None:
+                 home: str | Path | None = None, timeout: float = 300.0,
+                 backend: BackendConfig | str | None = None) -> None:
         self._loop = LoopThread.shared()  # one loop for every sync object, as in orchard/sandbox/sync.py
-        self._async = AsyncOrchard(url, api_key, home=home, timeout=timeout, _guard_exit=False)
+        self._async = AsyncOrchard(url, api_key, home=home, timeout=timeout, backend=backend, _guard_exit=False)
         self._closed = False
         # Registered here, on the caller's thread, since the async client's close runs on the loop thread.
         if self._async.embedded:

@@ -8,41 +8,28 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from orchard.core.backend import BackendConfig
 from orchard.core.errors import (AuthError, BackendError, InvalidRequest, NotFound, OrchardError,
                                  PayloadTooLarge, SandboxLost, error_from_code)
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
 
 
-class ControlPlane(Protocol):
-    """Sandbox lifecycle, wherever the orchestrator runs."""
-
-    description: str
-
-    async def create(self, spec: SandboxSpec) -> SandboxInfo: ...
-    async def get(self, sandbox_id: str) -> SandboxInfo: ...
-    async def list(self, *, owner: str | None = None,
-                   labels: dict[str, str] | None = None) -> list[SandboxInfo]: ...
-    async def wait_ready(self, sandbox_id: str, timeout: float = 60) -> SandboxInfo: ...
-    async def heartbeat(self, sandbox_id: str) -> SandboxInfo: ...
-    async def delete(self, sandbox_id: str) -> None: ...
-    async def close(self) -> None: ...
-
-
 class EmbeddedControlPlane:
-    """The orchestrator in this process, on the local backend, with its state under `home`
-    ($ORCHARD_HOME, default ~/.orchard). Started on first use; `close` deletes every sandbox it runs,
-    because nothing would be left to reap them once this process is gone."""
+    """The orchestrator in this process, with its state under `home` ($ORCHARD_HOME, default ~/.orchard),
+    on `backend` (a config or a backend's name; default the local backend). Started on first use; `close`
+    deletes every sandbox it runs, because nothing would be left to reap them once this process is gone."""
 
-    description = "embedded (in-process, local backend)"
-
-    def __init__(self, home: str | Path | None = None) -> None:
+    def __init__(self, home: str | Path | None = None, backend: BackendConfig | str | None = None) -> None:
         self.home = Path(home) if home is not None else None
+        self.backend = backend
+        name = backend if isinstance(backend, str) else backend.backend if backend is not None else "local"
+        self.description = f"embedded (in-process, {name} backend)"
         self._service = None
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
@@ -59,7 +46,7 @@ class EmbeddedControlPlane:
                 # Imported here so that a remote-only client never loads the server and backend code.
                 from orchard.sandbox.server.service import SandboxService
 
-                service = SandboxService.embedded(self.home)
+                service = SandboxService.embedded(self.home, backend=self.backend)
                 await service.start()
                 self._service = service
         return self._service

@@ -48,6 +48,7 @@ cluster_healthy() {
 
 print_env() {
   echo "export KUBECONFIG=$KUBECONFIG_ADMIN"
+  echo "export ORCHARD_K8S_POD_PIDS_LIMIT=$POD_PIDS_LIMIT"
   echo "export CONTAINERD_ADDRESS=$CONTAINERD_SOCK"
   echo "export CONTAINERD_NAMESPACE=k8s.io"
 }

@@ -24,6 +24,8 @@ ETCD_PORT=2379
 ETCD_PEER_PORT=2380
 API_PORT=6443
 KUBELET_PORT=10250
+# Each Pod's process cap (kubelet podPidsLimit), exported for the kubernetes backend by `cluster.sh env`.
+POD_PIDS_LIMIT=512
 KUBELET_HEALTHZ_PORT=10248
 CM_PORT=10257
 SCHEDULER_PORT=10259

@@ -122,6 +122,8 @@ authentication:
 authorization: {mode: AlwaysAllow}
 cgroupDriver: cgroupfs
 failSwapOn: false
+# The only per-Pod process cap Kubernetes has; the backend honours max_processes against it.
+podPidsLimit: $POD_PIDS_LIMIT
 # A development machine's disk and memory are shared: evict and collect images only when nearly full.
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%", nodefs.inodesFree: "1%", imagefs.available: "1%"}
 imageGCHighThresholdPercent: 100

@@ -21,7 +21,8 @@ import httpx
 
 from orchard.sandbox.backends import cgroups
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.server.home import backend_options, state_db_path
+from orchard.sandbox.backends.registry import backend_config
+from orchard.sandbox.server.home import state_db_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "security-test-key"
@@ -96,7 +97,7 @@ class Serve:
 
 
 def local_backend(home: Path) -> LocalBackend:
-    return LocalBackend(**backend_options("local", home))
+    return LocalBackend.from_config(backend_config("local", home))
 
 
 def remove_everything(home: Path) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +28,8 @@ import httpx
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import k8s_egress, k8s_netpol, k8s_pods
-from orchard.sandbox.backends.base import BackendSandbox
+from orchard.core.backend import BackendSandbox
+from orchard.sandbox.backends.k8s_config import DEFAULT_NAMESPACE, KubernetesConfig, check_pids, k8s_capabilities
 from orchard.sandbox.backends.k8s_client import ApiCalls, load_api_client
 from orchard.sandbox.backends.k8s_health import wait_for_agent
 from orchard.sandbox.backends.k8s_images import injector_image_name
@@ -38,28 +38,29 @@ from orchard.sandbox.bundle import AgentBundle, BundleManifest, default_cache_di
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NAMESPACE = "orchard-sandboxes"
 # A Secret or policy without its Pod this old is the leftover of a create that crashed midway.
 STALE_LEFTOVER_S = 120.0
 
 
 class KubernetesBackend:
-    """Options (each also read from the environment by `from_env`): `namespace` (created if missing),
-    `instance` (label scoping this orchestrator's sandboxes within the namespace), `agent_image` (default
+    """Options (`KubernetesConfig`, whose `from_env` reads them from the environment): `namespace`
+    (created if missing), `instance` (label scoping this orchestrator's sandboxes within the namespace), `agent_image` (default
     `localhost/orchard-agent:<bundle key>`), `image_pull_policy`, `default_image` (used for image
     "host"), `kubeconfig` (else in-cluster config, else ~/.kube/config), `max_parallel` (API calls of
     creates/deletes in flight), `egress_guard` (enforce network "none"/"allowlist" inside the Pod too; turn
     it off only where a policy-capable CNI enforces the NetworkPolicies and NET_ADMIN init containers are
-    not allowed)."""
+    not allowed), `pod_pids_limit` (the nodes' kubelet podPidsLimit, the only per-Pod process cap)."""
 
     name = "kubernetes"
+    Config = KubernetesConfig
 
     def __init__(self, *, namespace: str = DEFAULT_NAMESPACE, instance: str = "default",
                  agent_image: str | None = None, image_pull_policy: str = "IfNotPresent",
                  default_image: str | None = None, kubeconfig: str | None = None,
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 120.0,
                  max_parallel: int = 16, health_timeout_s: float = 5.0,
-                 agent_bundle_dir: Path | None = None, egress_guard: bool = True) -> None:
+                 agent_bundle_dir: Path | None = None, egress_guard: bool = True,
+                 pod_pids_limit: int | None = None) -> None:
         k8s_pods.validate_instance(instance)
         if image_pull_policy not in ("Always", "IfNotPresent", "Never"):
             raise InvalidRequest(f"image_pull_policy {image_pull_policy!r}: use Always, IfNotPresent or Never")
@@ -71,6 +72,8 @@ class KubernetesBackend:
         self.agent_bundle_dir = Path(agent_bundle_dir) if agent_bundle_dir else None
         self.ready_timeout_s, self.health_timeout_s = ready_timeout_s, health_timeout_s
         self.egress_guard = egress_guard
+        self.pod_pids_limit = pod_pids_limit
+        self.capabilities = k8s_capabilities(pod_pids_limit)
         self.selector = k8s_pods.instance_selector(instance)
         self._executor = ThreadPoolExecutor(max_workers=max_parallel + 4, thread_name_prefix="orchard-k8s")
         self._burst = asyncio.Semaphore(max_parallel)
@@ -81,17 +84,8 @@ class KubernetesBackend:
         self._http: httpx.AsyncClient | None = None
 
     @classmethod
-    def from_env(cls, **overrides) -> "KubernetesBackend":
-        env = os.environ
-        options = {"namespace": env.get("ORCHARD_K8S_NAMESPACE") or DEFAULT_NAMESPACE,
-                   "instance": env.get("ORCHARD_K8S_INSTANCE") or "default",
-                   "agent_image": env.get("ORCHARD_K8S_AGENT_IMAGE") or None,
-                   "image_pull_policy": env.get("ORCHARD_K8S_IMAGE_PULL_POLICY") or "IfNotPresent",
-                   "default_image": env.get("ORCHARD_K8S_DEFAULT_IMAGE") or None,
-                   "kubeconfig": env.get("KUBECONFIG") or None,
-                   "agent_bundle_dir": env.get("ORCHARD_K8S_AGENT_BUNDLE") or None,
-                   "egress_guard": _flag(env.get("ORCHARD_K8S_EGRESS_GUARD"), "ORCHARD_K8S_EGRESS_GUARD", True)}
-        return cls(**{**options, **overrides})
+    def from_config(cls, config: KubernetesConfig) -> "KubernetesBackend":
+        return cls(**config.model_dump(exclude={"backend"}))
 
     # --- setup -----------------------------------------------------------------------------------------
 
@@ -131,6 +125,7 @@ class KubernetesBackend:
         k8s_pods.validate_sandbox_id(sandbox_id)
         spec = k8s_pods.validate_image(spec, self.default_image)
         k8s_netpol.validate_network(spec.network)
+        check_pids(spec, self.pod_pids_limit)
         api = await self._setup()
         await self._call(api.check_fits_a_node, spec)
         assert self._watcher is not None and self._bundle is not None
@@ -260,18 +255,3 @@ def _pod_alive(pod, uid: str | None) -> bool:
         if cs.name == k8s_pods.SANDBOX_CONTAINER:
             return cs.state is None or cs.state.terminated is None
     return True
-
-
-def _flag(value: str | None, name: str, default: bool) -> bool:
-    if value is None or value.strip() == "":
-        return default
-    if value.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    raise InvalidRequest(f"{name}={value!r}: use 1 (on) or 0 (off)")
-
-
-def from_env(**options) -> KubernetesBackend:
-    """The registry's constructor: options from ORCHARD_K8S_* / KUBECONFIG, overridden by `options`."""
-    return KubernetesBackend.from_env(**options)

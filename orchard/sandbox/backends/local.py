@@ -28,13 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import cgroups
-from orchard.sandbox.backends.base import BackendSandbox
 from orchard.sandbox.backends.bwrap import (AGENT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths, bwrap_args,
                                             find_bwrap, id_map, remaps_ids, sandbox_env, validate_disk,
                                             validate_image, validate_network)
+from orchard.sandbox.backends.local_config import AGENT_APART_ENV, LocalConfig, local_capabilities
 from orchard.sandbox.backends.local_launch import (check_health, launch_argv, read_info, release_userns,
                                                    spawn, wait_ready_line, writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
@@ -52,7 +53,6 @@ STALE_UNRECORDED_S = 60.0
 HEALTH_TIMEOUT_S = 10.0
 
 
-AGENT_APART_ENV = "ORCHARD_LOCAL_AGENT_APART"
 MOUNT_RACE_ATTEMPTS = 4
 MOUNT_RACE_MESSAGES = ("bwrap: Can't bind mount", "bwrap: Can't remount", "bwrap: Can't find source path")
 
@@ -70,6 +70,7 @@ class LocalBackend:
     vfork per command (~0.5-1 ms more exec latency); see docs/local-backend.md#user-ids."""
 
     name = "local"
+    Config = LocalConfig
 
     def __init__(self, root_dir: Path | None = None, *, run_dir: Path | None = None,
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0,
@@ -84,6 +85,12 @@ class LocalBackend:
         self._bwrap: str | None = None
         self._bundle: AgentBundle | None = None
         self._children: dict[str, subprocess.Popen] = {}
+        self.capabilities = local_capabilities()
+
+    @classmethod
+    def from_config(cls, config: LocalConfig) -> "LocalBackend":
+        return cls(config.root_dir, run_dir=config.run_dir, bundle_cache_dir=config.bundle_cache_dir,
+                   ready_timeout_s=config.ready_timeout_s, agent_apart=config.agent_apart)
 
     # ---- paths ---------------------------------------------------------------------------------------
 

@@ -1,12 +1,15 @@
 """Where an orchestrator keeps its state: `$ORCHARD_HOME` (default `~/.orchard`) holds the SQLite
-database and, for the local backend, the sandboxes' directories. An embedded SDK and `orchard serve` on
-the same home share both, safely (each service instance manages its own sandboxes)."""
+database and whatever its backend's config puts there (the local backend's sandbox directories, the agent
+bundle cache). An embedded SDK and `orchard serve` on the same home share both, safely (each service
+instance manages its own sandboxes)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+
+from orchard.core.backend import BackendConfig
+from orchard.sandbox.backends.registry import backend_config
 
 STATE_DB_NAME = "state.db"
 
@@ -21,10 +24,9 @@ def state_db_path(home: Path) -> Path:
     return home / STATE_DB_NAME
 
 
-def backend_options(backend_name: str, home: Path) -> dict[str, Any]:
-    """Options a backend gets from the home alone (the local backend's sandboxes live under it)."""
-    if backend_name == "local":
-        return {"root_dir": home / "sandboxes", "bundle_cache_dir": home / "cache"}
-    if backend_name == "kubernetes":  # the rest comes from ORCHARD_K8S_* and KUBECONFIG
-        return {"bundle_cache_dir": home / "cache"}
-    return {}
+def resolved_backend_config(backend: BackendConfig | str | None, home: Path) -> BackendConfig:
+    """`backend` as a config: a config as given, a name (default `local`) with that backend's defaults
+    for `home` and the environment."""
+    if isinstance(backend, BackendConfig):
+        return backend
+    return backend_config(backend or "local", home)

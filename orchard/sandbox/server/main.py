@@ -7,29 +7,31 @@ from pathlib import Path
 
 import uvicorn
 
+from orchard.core.backend import BackendConfig
 from orchard.core.errors import InvalidRequest
 from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server.app import create_app
-from orchard.sandbox.server.home import backend_options, resolve_home, state_db_path
+from orchard.sandbox.server.home import resolve_home, resolved_backend_config, state_db_path
 from orchard.sandbox.server.service import SandboxService
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
 
 
-def serve(host: str = "127.0.0.1", port: int = 8700, backend_name: str = "local", api_key: str | None = None,
+def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | str = "local", api_key: str | None = None,
           home: str | Path | None = None, *, reap_interval_s: float = 2.0, log_level: str = "info",
           limits: SpecLimits | None = None) -> None:
     """Serve until SIGINT/SIGTERM. State lives under `home` (default `$ORCHARD_HOME`, else `~/.orchard`);
     sandboxes outlive the server and are re-adopted by the next one on the same home. `limits`: the most a
-    spec may ask for (default: this machine's, overridable by ORCHARD_MAX_*; see spec_limits.py)."""
+    spec may ask for (default: this machine's, overridable by ORCHARD_MAX_*; see spec_limits.py). `backend`:
+    a config, or a backend's name with its defaults (see orchard/sandbox/backends/registry.py)."""
     if not api_key:
         raise InvalidRequest("an API key is required: clients must send 'Authorization: Bearer <api key>'")
     log_to_stderr(log_level)
     home = resolve_home(home)
+    config = resolved_backend_config(backend, home)
     if limits is None:
-        limits = spec_limits(backend_name, home)
-    backend = create_backend(backend_name, **backend_options(backend_name, home))
-    service = SandboxService(backend, SandboxStore(state_db_path(home)), reap_interval_s=reap_interval_s,
+        limits = spec_limits(config.backend, home)
+    service = SandboxService(create_backend(config), SandboxStore(state_db_path(home)), reap_interval_s=reap_interval_s,
                              limits=limits)
     app = create_app(service, api_key)
     uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10)

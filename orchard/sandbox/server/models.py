@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.core.sandbox import SandboxInfo
-from orchard.sandbox.backends.base import BackendSandbox
+from orchard.core.backend import BackendSandbox
 
 # States after which a sandbox never runs again; such rows are kept a while so that clients learn why.
 TERMINAL_STATES = frozenset({"deleted", "lost"})

@@ -11,7 +11,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from orchard.sandbox.backends.base import BackendSandbox
+from orchard.core.backend import BackendSandbox
 from orchard.sandbox.server.models import QuarantinedRow
 
 if TYPE_CHECKING:

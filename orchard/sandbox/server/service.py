@@ -22,10 +22,10 @@ from pydantic import ValidationError
 
 from orchard.core.errors import BackendError, InvalidRequest, OrchardError, SandboxLost, SandboxNotFound
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
-from orchard.sandbox.backends.base import Backend, BackendSandbox
+from orchard.core.backend import Backend, BackendConfig, BackendSandbox
 from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server import instances, upkeep
-from orchard.sandbox.server.home import backend_options, resolve_home, state_db_path
+from orchard.sandbox.server.home import resolve_home, resolved_backend_config, state_db_path
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
@@ -63,13 +63,14 @@ class SandboxService:
         self._started = self._closing = self._stopped = False
 
     @classmethod
-    def embedded(cls, home: Path | None = None, **options: Any) -> "SandboxService":
-        """The local backend with its state under `home` (default `$ORCHARD_HOME`, else `~/.orchard`); its
-        sandboxes die with this process."""
+    def embedded(cls, home: Path | None = None, *, backend: BackendConfig | str | None = None,
+                 **options: Any) -> "SandboxService":
+        """`backend` (a config or a backend's name; default the local backend) with the state under `home`
+        (default `$ORCHARD_HOME`, else `~/.orchard`); its sandboxes die with this process."""
         home = resolve_home(home)
-        options.setdefault("limits", spec_limits("local", home))
-        backend = create_backend("local", **backend_options("local", home))
-        return cls(backend, SandboxStore(state_db_path(home)), **{"ephemeral": True, **options})
+        config = resolved_backend_config(backend, home)
+        options.setdefault("limits", spec_limits(config.backend, home))
+        return cls(create_backend(config), SandboxStore(state_db_path(home)), **{"ephemeral": True, **options})
 
     # --- lifecycle of the service ----------------------------------------------------------------------
 
@@ -147,6 +148,7 @@ class SandboxService:
         """Create a sandbox and return it ready, with `agent_url` and `token`. On any failure nothing is
         left: the backend's sandbox is deleted and the record removed."""
         spec = _validated_spec(spec)
+        self.backend.capabilities.check(spec, self.backend.name)
         self.limits.check(spec)
         if self._closing:
             raise BackendError("the sandbox service is shutting down; create the sandbox after it restarts")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import SandboxInfo
-from orchard.sandbox.backends.base import BackendSandbox
+from orchard.core.backend import BackendSandbox
 from orchard.sandbox.server import instances
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
 from orchard.sandbox.server.quarantine import clean_up_quarantined

@@ -1,0 +1,41 @@
+"""The local backend's typed config and what it can enforce."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Mapping
+
+from pydantic import Field
+
+from orchard.core.backend import BackendCapabilities, BackendConfig
+
+AGENT_APART_ENV = "ORCHARD_LOCAL_AGENT_APART"
+
+
+class LocalConfig(BackendConfig):
+    """Sandboxes on this machine (bubblewrap). Paths default to the Orchard home's (`from_env`)."""
+
+    backend: Literal["local"] = "local"
+    root_dir: Path | None = Field(default=None, description="the sandboxes' private directories "
+                                                            "(default $ORCHARD_HOME/sandboxes)")
+    run_dir: Path | None = Field(default=None, description="their sockets (default <tmp>/orchard-run-<uid>, "
+                                                           "short for the 108-byte socket path limit)")
+    bundle_cache_dir: Path | None = Field(default=None, description="the agent bundle (default $ORCHARD_HOME/cache)")
+    ready_timeout_s: float = Field(default=30.0, gt=0)
+    agent_apart: bool = Field(default=False, description="run the agent under a uid of its own (root only; "
+                                                         f"{AGENT_APART_ENV}=1); see docs/local-backend.md")
+
+    @classmethod
+    def from_env(cls, home: Path, environ: Mapping[str, str]) -> "LocalConfig":
+        return cls(root_dir=home / "sandboxes", bundle_cache_dir=home / "cache",
+                   agent_apart=environ.get(AGENT_APART_ENV) == "1")
+
+
+def local_capabilities() -> BackendCapabilities:
+    """Network 'none' (loopback only) and 'open'; every limit, `disk_mb` only as root (a size-limited
+    tmpfs needs the mount). Whether this machine's cgroups have each controller is checked per spec at
+    create (local_limits.py): a limit they cannot hold is refused there."""
+    limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if os.geteuid() == 0 else set())
+    return BackendCapabilities(network_modes=frozenset({"none", "open"}), limits=frozenset(limits),
+                               image_kinds=frozenset({"host", "rootfs"}))
