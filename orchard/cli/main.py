@@ -103,7 +103,7 @@ def serve(
     key = read_api_key_file(api_key_file) if api_key_file else os.environ.get("ORCHARD_API_KEY", "").strip()
     try:
         config = _backend_config(backend, backend_config, resolve_home(home))
-        limits = spec_limits(config.backend, resolve_home(home), {
+        limits = spec_limits(config, resolve_home(home), {
             "cpu": max_cpu, "memory_mb": max_memory_mb, "disk_mb": max_disk_mb, "max_processes": max_processes,
             "timeout_s": max_timeout_s})
     except OrchardError as exc:

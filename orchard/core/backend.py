@@ -83,6 +83,9 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     backend: str
+    # True when the sandboxes run on the orchestrator's own machine: its cores, memory and disk are then
+    # the default maxima of a spec (orchard/sandbox/server/spec_limits.py).
+    runs_here: ClassVar[bool] = False
 
     @classmethod
     def from_env(cls: type[_Config], home: Path, environ: Mapping[str, str]) -> _Config:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import ClassVar, Literal, Mapping
 
 from pydantic import Field
 
@@ -17,6 +17,7 @@ class LocalConfig(BackendConfig):
     """Sandboxes on this machine (bubblewrap). Paths default to the Orchard home's (`from_env`)."""
 
     backend: Literal["local"] = "local"
+    runs_here: ClassVar[bool] = True
     root_dir: Path | None = Field(default=None, description="the sandboxes' private directories "
                                                             "(default $ORCHARD_HOME/sandboxes)")
     run_dir: Path | None = Field(default=None, description="their sockets (default <tmp>/orchard-run-<uid>, "

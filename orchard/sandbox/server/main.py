@@ -30,7 +30,7 @@ def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | st
     home = resolve_home(home)
     config = resolved_backend_config(backend, home)
     if limits is None:
-        limits = spec_limits(config.backend, home)
+        limits = spec_limits(config, home)
     service = SandboxService(create_backend(config), SandboxStore(state_db_path(home)), reap_interval_s=reap_interval_s,
                              limits=limits)
     app = create_app(service, api_key)

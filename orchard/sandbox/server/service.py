@@ -69,7 +69,7 @@ class SandboxService:
         (default `$ORCHARD_HOME`, else `~/.orchard`); its sandboxes die with this process."""
         home = resolve_home(home)
         config = resolved_backend_config(backend, home)
-        options.setdefault("limits", spec_limits(config.backend, home))
+        options.setdefault("limits", spec_limits(config, home))
         return cls(create_backend(config), SandboxStore(state_db_path(home)), **{"ephemeral": True, **options})
 
     # --- lifecycle of the service ----------------------------------------------------------------------

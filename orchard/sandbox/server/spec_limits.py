@@ -15,6 +15,7 @@ from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchard.core.backend import BackendConfig
 from orchard.core.errors import InvalidRequest, describe_validation_errors
 from orchard.core.sandbox import SandboxSpec
 
@@ -68,12 +69,12 @@ class SpecLimits(BaseModel):
             raise InvalidRequest(f"invalid sandbox maximum ({problems}); give a positive number or 'none'") from e
 
 
-def machine_limits(backend_name: str, home: Path) -> SpecLimits:
-    """Defaults: for the local backend what this machine has (its CPU cores, its memory, for `disk_mb`
-    the smaller of its memory — the writable layer is a tmpfs — and the free space under `home`, and the
-    kernel's pid_max); for other backends only the TTL maximum (this machine says nothing about a
-    cluster's nodes: set the rest explicitly)."""
-    if backend_name != "local":
+def machine_limits(config: BackendConfig, home: Path) -> SpecLimits:
+    """Defaults: for a backend whose sandboxes run here (`runs_here`: the local backend) what this
+    machine has (its CPU cores, its memory, for `disk_mb` the smaller of its memory — the writable layer
+    is a tmpfs — and the free space under `home`, and the kernel's pid_max); for other backends only the
+    TTL maximum (this machine says nothing about a cluster's nodes: set the rest explicitly)."""
+    if not config.runs_here:
         return SpecLimits()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     memory_mb = _memory_mb()
@@ -89,12 +90,12 @@ def machine_limits(backend_name: str, home: Path) -> SpecLimits:
              "timeout_s": f"the default maximum TTL of {DEFAULT_MAX_TIMEOUT_S / 86400:g} days"})
 
 
-def spec_limits(backend_name: str, home: Path, overrides: Mapping[str, str | float | int | None] | None = None,
+def spec_limits(config: BackendConfig, home: Path, overrides: Mapping[str, str | float | int | None] | None = None,
                 environ: Mapping[str, str] | None = None) -> SpecLimits:
     """The machine's defaults, then `ORCHARD_MAX_*` from the environment, then `overrides` (CLI options)."""
     environ = os.environ if environ is None else environ
     from_env = {field: environ[var] for field, var in ENV_VARS.items() if environ.get(var, "").strip()}
-    return machine_limits(backend_name, home).overridden(from_env).overridden(overrides or {})
+    return machine_limits(config, home).overridden(from_env).overridden(overrides or {})
 
 
 def _number(value: float | int) -> str:
