@@ -12,41 +12,24 @@ Each block is preceded by a `<!-- doc-test: KIND [PATH] -->` marker saying how:
 from __future__ import annotations
 
 import inspect
-import re
-import shlex
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from orchard.cli.main import app
 from orchard.core import harness as harness_module
 from orchard.sandbox.client import AsyncOrchard
+from tests import doc_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "harness-adapters.md"
-MARKER = re.compile(r"^<!-- doc-test: (\S+)(?: (\S+))? -->$")
 
 
 def blocks() -> list[tuple[str, str | None, str, int]]:
-    """(kind, argument, code, line number) of every fenced block of the page."""
-    lines = DOC.read_text().split("\n")
-    found, index = [], 0
-    while index < len(lines):
-        if re.match(r"^ {0,3}```", lines[index]):
-            start = index
-            end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
-            marker = MARKER.match(lines[start - 1]) if start > 0 else None
-            assert marker, f"{DOC.name}:{start + 1}: a code block without a `<!-- doc-test: ... -->` marker"
-            found.append((marker.group(1), marker.group(2), "\n".join(lines[start + 1:end]) + "\n", start + 1))
-            index = end + 1
-        else:
-            index += 1
-    return found
+    return doc_blocks.blocks(DOC)
 
 
 def of_kind(kind: str) -> list[tuple[str | None, str, int]]:
-    return [(argument, code, line) for k, argument, code, line in blocks() if k == kind]
+    return doc_blocks.of_kind(DOC, kind)
 
 
 def test_every_block_has_a_known_check():
@@ -60,8 +43,7 @@ def test_the_example_listing_is_the_example_plugins_source():
 
 
 def test_snippets_are_in_the_files_they_quote():
-    for path, code, line in of_kind("in-file"):
-        assert code.strip() in (ROOT / path).read_text(), f"{DOC.name}:{line} is not in {path}"
+    doc_blocks.check_in_file_blocks(DOC)
 
 
 def test_the_protocol_block_is_orchards_protocol():
@@ -79,17 +61,7 @@ def test_the_protocol_block_is_orchards_protocol():
 
 
 def test_cli_lines_name_real_commands_and_options():
-    runner = CliRunner()
-    for _, code, line in of_kind("cli"):
-        for text in code.splitlines():
-            words = shlex.split(text, comments=True)
-            if words[:1] == ["orchard"]:
-                result = runner.invoke(app, [*words[1:], "--help"])
-                assert result.exit_code == 0, f"{DOC.name}:{line}: {text!r}: {result.output}"
-            elif words[:3] == ["pip", "install", "-e"]:
-                assert (ROOT / words[3] / "pyproject.toml").is_file(), f"{DOC.name}:{line}: {text!r}"
-            else:
-                assert not words, f"{DOC.name}:{line}: {text!r} is neither an orchard nor a pip command"
+    doc_blocks.check_cli_lines(DOC)
 
 
 @pytest.fixture(scope="module")
