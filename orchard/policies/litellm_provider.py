@@ -1,14 +1,15 @@
-"""The oracle and smollm2 as the litellm provider `orchard` (litellm's own extension point: a `CustomLLM`
-in `litellm.custom_provider_map`), so the gateway calls them like any model (`orchard/oracle`,
-`orchard/smollm2`) and records, budgets and streams their calls the same way; policies served at run time
-(orchard/policies/live.py, e.g. the model being trained) are reached the same way under their names.
+"""Orchard's own models (orchard/policies/registry.py: `oracle`, `smollm2`, a plugin's, the live ones) as the
+litellm provider `orchard` (litellm's own extension point: a `CustomLLM` in `litellm.custom_provider_map`),
+so the gateway calls them like any model (`orchard/<name>`) and records, budgets and streams their calls the
+same way. Each is found by name in the registry and asked through the Policy protocol
+(orchard/core/policy.py); its Completion becomes the response body here, one way for all.
 
-The gateway passes the call's rollout key in litellm's `metadata` (`orchard_rollout_key`): the oracle
-needs it to find its task. Orchard's typed errors become `CustomLLMError`s with the error's HTTP status,
-which litellm turns into its exception of that status, which the gateway turns back into Orchard's.
+The gateway passes the call's rollout key in litellm's `metadata` (`orchard_rollout_key`); the policy gets
+it (the oracle finds its task by it). Orchard's typed errors become `CustomLLMError`s with the error's HTTP
+status, which litellm turns into its exception of that status, which the gateway turns back into Orchard's.
 
-Imported by the gateway once litellm is loaded (this module imports litellm); smollm2's torch only loads
-on its first call."""
+Imported by the gateway once litellm is loaded (this module imports litellm); a policy's heavy code (e.g.
+smollm2's torch) loads on its first call."""
 
 from __future__ import annotations
 
@@ -22,11 +23,10 @@ from litellm import CustomLLM, ModelResponse
 from litellm.llms.custom_llm import CustomLLMError
 
 from orchard.core.errors import OrchardError
-from orchard.policies import live, oracle, smollm2
+from orchard.core.policy import PROVIDER, Completion, Policy, TokenLogprob
+from orchard.policies.registry import get_policy
 
-PROVIDER = "orchard"
 ROLLOUT_KEY_METADATA = "orchard_rollout_key"
-MODELS = ("oracle", "smollm2")
 
 
 class OrchardModels(CustomLLM):
@@ -34,14 +34,15 @@ class OrchardModels(CustomLLM):
 
     def completion(self, model: str, messages: list, *args: Any, optional_params: dict | None = None,
                    litellm_params: dict | None = None, timeout: Any = None, **kwargs: Any) -> ModelResponse:
-        return _answer(model, messages, optional_params or {}, litellm_params or {}, _seconds(timeout))
+        return _answer(_policy(model), messages, optional_params or {}, litellm_params or {}, _seconds(timeout))
 
     async def acompletion(self, model: str, messages: list, *args: Any, optional_params: dict | None = None,
                           litellm_params: dict | None = None, timeout: Any = None, **kwargs: Any) -> ModelResponse:
-        if model == "oracle":  # instant: no thread needed
-            return _answer(model, messages, optional_params or {}, litellm_params or {}, None)
+        policy = _policy(model)
+        if not policy.blocking:  # answers at once: no thread needed
+            return _answer(policy, messages, optional_params or {}, litellm_params or {}, _seconds(timeout))
         # generation takes seconds of CPU: off the event loop, so the gateway keeps serving other rollouts
-        return await asyncio.to_thread(_answer, model, messages, optional_params or {}, litellm_params or {},
+        return await asyncio.to_thread(_answer, policy, messages, optional_params or {}, litellm_params or {},
                                        _seconds(timeout))
 
 
@@ -51,42 +52,35 @@ def register(litellm: Any) -> None:
         litellm.custom_provider_map.append({"provider": PROVIDER, "custom_handler": OrchardModels()})
 
 
-def _answer(model: str, messages: list[dict[str, Any]], params: dict[str, Any], litellm_params: dict[str, Any],
-            timeout_s: float | None) -> ModelResponse:
-    tools = params.get("tools")
+def _policy(model: str) -> Policy:
     try:
-        if model == "oracle":
-            rollout_key = (litellm_params.get("metadata") or {}).get(ROLLOUT_KEY_METADATA)
-            reply = oracle.respond(rollout_key, messages, tools)
-            body = completion_body("oracle", reply.message, reply.finish_reason)
-        elif model == "smollm2":
-            if params.get("tool_choice") == "none":
-                tools = None
-            done = smollm2.complete(messages, tools, params, timeout_s=timeout_s)
-            body = completion_body(done.model, done.message, done.finish_reason,
-                                   prompt_token_ids=done.prompt_token_ids,
-                                   completion_token_ids=done.completion_token_ids,
-                                   logprobs=[_logprob_entry(entry) for entry in done.logprobs])
-        elif (policy := live.get(model)) is not None:  # a model served at run time (e.g. one in training)
-            rollout_key = (litellm_params.get("metadata") or {}).get(ROLLOUT_KEY_METADATA)
-            done = policy.complete(messages, tools, params, rollout_key=rollout_key, timeout_s=timeout_s)
-            body = completion_body(done.model, done.message, done.finish_reason,
-                                   prompt_token_ids=done.prompt_token_ids,
-                                   completion_token_ids=done.completion_token_ids,
-                                   logprobs=[_logprob_entry(entry) for entry in done.logprobs])
-        else:
-            raise CustomLLMError(status_code=400, message=f"unknown model {PROVIDER}/{model}: Orchard's own models "
-                                                          f"are {', '.join(MODELS)}")
+        return get_policy(model)
     except OrchardError as exc:
         raise CustomLLMError(status_code=exc.status, message=str(exc)) from exc
-    return ModelResponse(**body)
+
+
+def _answer(policy: Policy, messages: list[dict[str, Any]], params: dict[str, Any], litellm_params: dict[str, Any],
+            timeout_s: float | None) -> ModelResponse:
+    rollout_key = (litellm_params.get("metadata") or {}).get(ROLLOUT_KEY_METADATA)
+    try:
+        done = policy.complete(messages, params.get("tools"), params, rollout_key=rollout_key, timeout_s=timeout_s)
+    except OrchardError as exc:
+        raise CustomLLMError(status_code=exc.status, message=str(exc)) from exc
+    return ModelResponse(**response_body(policy, done))
+
+
+def response_body(policy: Policy, done: Completion) -> dict[str, Any]:
+    """The OpenAI body of a policy's completion."""
+    return completion_body(done.model or policy.name, done.message, done.finish_reason,
+                           prompt_token_ids=done.prompt_token_ids, completion_token_ids=done.completion_token_ids,
+                           logprobs=None if done.logprobs is None else [_logprob_entry(e) for e in done.logprobs])
 
 
 def completion_body(model: str, message: dict[str, Any], finish_reason: str, *,
                     prompt_token_ids: list[int] | None = None, completion_token_ids: list[int] | None = None,
                     logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """An OpenAI `chat.completion` body, with vLLM's token-id fields (`prompt_token_ids`, per-choice
-    `token_ids`) when known. The oracle uses no tokens: its usage is zero."""
+    `token_ids`) when known. Without token ids (e.g. the oracle's) the usage is zero."""
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish_reason,
                               "logprobs": {"content": logprobs} if logprobs is not None else None}
     body: dict[str, Any] = {
@@ -101,7 +95,7 @@ def completion_body(model: str, message: dict[str, Any], finish_reason: str, *,
     return body
 
 
-def _logprob_entry(entry: smollm2.TokenLogprob) -> dict[str, Any]:
+def _logprob_entry(entry: TokenLogprob) -> dict[str, Any]:
     return {"token": entry.text, "logprob": entry.logprob, "bytes": list(entry.text.encode()),
             "top_logprobs": [{"token": text, "logprob": value, "bytes": list(text.encode())}
                              for text, value in entry.top]}

@@ -1,14 +1,17 @@
 """Policies handed to the gateway at run time: a model that lives in this process (e.g. the one being
-trained) served under `orchard/<name>` like the built-in `oracle` and `smollm2`, so its calls are
-recorded, budgeted and keyed by rollout the same way.
+trained) served under `orchard/<name>` like the registered ones (`oracle`, `smollm2`, a plugin's), so its
+calls are recorded, budgeted and keyed by rollout the same way. orchard/policies/registry.py finds them
+beside the registered models.
 
     serve("policy-1a2b", policy)     # policy.complete(messages, tools, params, rollout_key=..., timeout_s=...)
     GatewayConfig(models={"policy": ModelRoute(model="orchard/policy-1a2b")})
     ...
     withdraw("policy-1a2b")
 
-A policy returns an `orchard.policies.smollm2.LocalCompletion` (message, finish reason, prompt and
-completion token ids, a logprob per completion token); the gateway records those ids as they are."""
+A policy returns an `orchard.core.policy.Completion` (message, finish reason, prompt and completion token
+ids, a logprob per completion token); the gateway records those ids as they are. One that only has
+`complete` is run in a worker thread; a full `orchard.core.policy.Policy` (with `blocking`, and rollout
+hooks if it has them) is used as it is."""
 
 from __future__ import annotations
 
@@ -16,15 +19,13 @@ import threading
 from typing import Any, Protocol
 
 from orchard.core.errors import InvalidRequest
-from orchard.policies.smollm2 import LocalCompletion
-
-RESERVED = frozenset({"oracle", "smollm2"})
+from orchard.core.policy import Completion
 
 
 class LivePolicy(Protocol):
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  params: dict[str, Any], *, rollout_key: str | None,
-                 timeout_s: float | None) -> LocalCompletion: ...
+                 timeout_s: float | None) -> Completion: ...
 
 
 _policies: dict[str, LivePolicy] = {}
@@ -33,12 +34,15 @@ _lock = threading.Lock()
 
 def serve(name: str, policy: LivePolicy) -> str:
     """Serve `policy` as the gateway model `orchard/<name>`; returns that model string."""
-    if not name or "/" in name or name in RESERVED:
+    from orchard.policies.registry import provider_model, registered_names
+
+    taken = registered_names()
+    if not name or "/" in name or name in taken:
         raise InvalidRequest(f"cannot serve a live policy as {name!r}: use a non-empty name without '/', "
-                             f"other than {', '.join(sorted(RESERVED))}")
+                             f"other than the registered models ({', '.join(sorted(taken))})")
     with _lock:
         _policies[name] = policy
-    return f"orchard/{name}"
+    return provider_model(name)
 
 
 def withdraw(name: str) -> None:
@@ -49,3 +53,8 @@ def withdraw(name: str) -> None:
 def get(name: str) -> LivePolicy | None:
     with _lock:
         return _policies.get(name)
+
+
+def names() -> list[str]:
+    with _lock:
+        return sorted(_policies)

@@ -2,8 +2,10 @@
 tools. An eval run with it checks the whole pipeline (harness, sandbox, patch extraction, grader) without a
 real model: every task should come out resolved.
 
-The eval runner registers the task for a rollout before the harness runs (`register(rollout_key, task)`,
-in the gateway's process) and unregisters it afterwards. The oracle keeps no state per conversation: the
+It is served as the model `oracle` (`OraclePolicy`, registered in the `orchard.models` entry-point group).
+The evaluator calls its rollout hooks, in the gateway's process, around every rollout it serves:
+`prepare_rollout(rollout_key, task)` registers the task for the rollout (`register`) before the harness
+runs, `end_rollout(rollout_key)` forgets it afterwards (`unregister`). The oracle keeps no state per conversation: the
 next action follows from how many oracle actions the request's `messages` already hold, so a retried or
 replayed request gets the same answer. The plan:
 
@@ -29,9 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchard.core.errors import InvalidRequest, NotFound
+from orchard.core.policy import Completion
 from orchard.core.task import Task
 from orchard.policies.tool_specs import find_shell_tool, find_submit_tool, required_arguments, tool_specs
 
+NAME = "oracle"
 ORACLE_MARK = "[orchard oracle]"
 TOOL_CALL_ID_PREFIX = "call_oracle_"
 MINI_SWE_AGENT_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -72,19 +76,31 @@ def registered_task(rollout_key: str | None) -> Task:
 
 # --- the policy ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class OracleReply:
-    message: dict[str, Any]  # an OpenAI assistant message: content and/or tool_calls
-    finish_reason: str
+class OraclePolicy:
+    """The oracle as a Policy (orchard.core.policy), with the rollout hooks that tell it each rollout's task."""
+
+    name = NAME
+    description = "plays the task's reference patch through the harness's own tools (checks a pipeline)"
+    blocking = False  # answers at once
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, params: dict[str, Any],
+                 *, rollout_key: str | None, timeout_s: float | None) -> Completion:
+        return respond(rollout_key, messages, tools)
+
+    def prepare_rollout(self, rollout_key: str, task: Task) -> None:
+        register(rollout_key, task)
+
+    def end_rollout(self, rollout_key: str) -> None:
+        unregister(rollout_key)
 
 
 def respond(rollout_key: str | None, messages: list[dict[str, Any]],
-            tools: list[dict[str, Any]] | None) -> OracleReply:
+            tools: list[dict[str, Any]] | None) -> Completion:
     """The next assistant message for the registered task of `rollout_key`."""
     return next_message(registered_task(rollout_key), messages, tools)
 
 
-def next_message(task: Task, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> OracleReply:
+def next_message(task: Task, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Completion:
     done = sum(1 for message in messages if _is_oracle_action(message))
     step = min(done, PLAN_LENGTH - 1)  # after the plan: submit again (the harness did not stop)
     specs = tool_specs(tools)
@@ -139,10 +155,10 @@ def _thought(step: int, what: str) -> str:
     return f"{ORACLE_MARK} Step {step + 1} of {PLAN_LENGTH}: {what}."
 
 
-def _tool_reply(step: int, what: str, call_id: str, name: str, arguments: dict[str, Any]) -> OracleReply:
+def _tool_reply(step: int, what: str, call_id: str, name: str, arguments: dict[str, Any]) -> Completion:
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-    return OracleReply(message={"role": "assistant", "content": _thought(step, what), "tool_calls": [call]},
-                       finish_reason="tool_calls")
+    return Completion(message={"role": "assistant", "content": _thought(step, what), "tool_calls": [call]},
+                      finish_reason="tool_calls", model=NAME)
 
 
 # --- the text format (no tools) --------------------------------------------------------------------
@@ -177,7 +193,7 @@ def text_action_format(messages: list[dict[str, Any]]) -> TextActionFormat:
     return MSWEA_FENCE if match.group(1) == "mswea_bash_command" else TextActionFormat(f"```{match.group(1)}", "```")
 
 
-def _text_reply(task: Task, messages: list[dict[str, Any]], step: int, workdir: str) -> OracleReply:
+def _text_reply(task: Task, messages: list[dict[str, Any]], step: int, workdir: str) -> Completion:
     form = text_action_format(messages)
     if step == 0:
         patch = _reference_patch(task)
@@ -188,7 +204,7 @@ def _text_reply(task: Task, messages: list[dict[str, Any]], step: int, workdir: 
     else:
         command, what = MINI_SWE_AGENT_SUBMIT, "submit"
     content = f"THOUGHT: {_thought(step, what)}\n\n{form.wrap(command)}"
-    return OracleReply(message={"role": "assistant", "content": content}, finish_reason="stop")
+    return Completion(message={"role": "assistant", "content": content}, finish_reason="stop", model=NAME)
 
 
 # --- reading the conversation ----------------------------------------------------------------------

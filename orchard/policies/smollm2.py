@@ -28,13 +28,13 @@ import shutil
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchard.core.errors import InvalidRequest, first_problem, ModelError, ModelUnreachable
+from orchard.core.policy import Completion, TokenLogprob
 from orchard.policies.chat_render import render_for_template, template_supports_tools
 from orchard.policies.kv_decode import PrefixCache, decode
 from orchard.policies.tool_parsing import parse_model_output
@@ -82,22 +82,7 @@ class SamplingRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    text: str
-    logprob: float
-    top: list[tuple[str, float]]
-
-
-@dataclass(frozen=True)
-class LocalCompletion:
-    message: dict[str, Any]  # OpenAI assistant message
-    finish_reason: str
-    prompt_token_ids: list[int]
-    completion_token_ids: list[int]
-    logprobs: list[TokenLogprob]
-    model: str = MODEL_NAME
+LocalCompletion = Completion  # the name training code knows (orchard.recipes.rl_policy)
 
 
 def locate_gguf() -> Path:
@@ -159,13 +144,13 @@ class SmolLM2:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 sampling: SamplingRequest, *, timeout_s: float | None = None) -> LocalCompletion:
+                 sampling: SamplingRequest, *, timeout_s: float | None = None) -> Completion:
         # one call at a time, tokenizer included (a fast tokenizer shared by threads can fail "already borrowed")
         with self._lock:
             return self._complete(messages, tools, sampling, timeout_s)
 
     def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  sampling: SamplingRequest, timeout_s: float | None) -> LocalCompletion:
+                  sampling: SamplingRequest, timeout_s: float | None) -> Completion:
         prompt = self.prompt_ids(messages, tools)
         room = self.context_length - len(prompt)
         if room < 1:
@@ -183,8 +168,8 @@ class SmolLM2:
             message["tool_calls"] = [call.openai(f"call_{i}_{os.urandom(6).hex()}")
                                      for i, call in enumerate(parsed.tool_calls)]
         finish = "tool_calls" if parsed.tool_calls else ("length" if hit_limit and not stopped_by else "stop")
-        return LocalCompletion(message=message, finish_reason=finish, prompt_token_ids=prompt,
-                               completion_token_ids=ids, logprobs=logprobs)
+        return Completion(message=message, finish_reason=finish, model=MODEL_NAME, prompt_token_ids=prompt,
+                          completion_token_ids=ids, logprobs=logprobs)
 
     def _generate(self, prompt: list[int], sampling: SamplingRequest, max_new_tokens: int,
                   timeout_s: float | None) -> tuple[list[int], list[TokenLogprob], bool]:
@@ -338,8 +323,23 @@ def sampling_request(params: dict[str, Any]) -> SamplingRequest:
 
 
 def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, params: dict[str, Any], *,
-             timeout_s: float | None = None) -> LocalCompletion:
+             timeout_s: float | None = None) -> Completion:
     """One chat completion: the OpenAI `params` (temperature, top_p, max_tokens, seed, stop, top_logprobs)
     are checked before the model is loaded."""
     sampling = sampling_request(params)
     return get_model().complete(messages, tools, sampling, timeout_s=timeout_s)
+
+
+class SmolLM2Policy:
+    """The embedded model as a Policy (orchard.core.policy), registered as `smollm2` in the `orchard.models`
+    entry-point group. Creating it loads nothing: the model (and torch) load on the first call."""
+
+    name = "smollm2"
+    description = "SmolLM2-135M-Instruct on CPU (embedded): token ids and logprobs, no server"
+    blocking = True  # seconds of CPU per call
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, params: dict[str, Any],
+                 *, rollout_key: str | None, timeout_s: float | None) -> Completion:
+        if params.get("tool_choice") == "none":
+            tools = None
+        return complete(messages, tools, params, timeout_s=timeout_s)
