@@ -18,12 +18,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from orchard.core.errors import InvalidRequest, first_problem, ModelError, NotFound
+from orchard.core.policy import PROVIDER_PREFIX
 from orchard.gateway.budget import Budget
+from orchard.policies.registry import model_names, provider_model
 
-# Models Orchard runs itself (orchard/policies), reached through litellm's custom-provider hook as provider
-# `orchard`. They need no config; an alias of the same name in `models` takes precedence.
-BUILTIN_MODELS = {"oracle": "orchard/oracle", "smollm2": "orchard/smollm2"}
-BUILTIN_PROVIDER_PREFIX = "orchard/"
+# Models Orchard runs itself (registered in the `orchard.models` entry-point group, or served at run time;
+# see orchard/policies/registry.py) are reached through litellm's custom-provider hook as provider `orchard`
+# (`orchard/<name>`). They need no config; an alias of the same name in `models` takes precedence.
+BUILTIN_PROVIDER_PREFIX = PROVIDER_PREFIX
 
 
 class ModelRoute(BaseModel):
@@ -105,13 +107,13 @@ class GatewayConfig(BaseModel):
             raise InvalidRequest(f"gateway config {path}: {first_problem(exc.errors(), 'config')}") from None
 
     def route(self, model: str) -> ModelRoute:
-        """The route for a requested model name: its alias, else a built-in model (oracle, smollm2), else
-        (if allowed) the name as a litellm model."""
+        """The route for a requested model name: its alias, else one of Orchard's own models (see
+        `orchard model list`), else (if allowed) the name as a litellm model."""
         route = self.models.get(model)
         if route is not None:
             return route
-        if model in BUILTIN_MODELS:
-            return ModelRoute(model=BUILTIN_MODELS[model])
+        if model in model_names():
+            return ModelRoute(model=provider_model(model))
         if self.allow_any_model:
             return ModelRoute(model=model)
         configured = ", ".join(sorted(self.models)) or "none"

@@ -15,10 +15,11 @@ from orchard.core.harness import ROLLOUT_KEY_HEADER
 from orchard.core.trajectory import LLMCall
 from orchard.gateway.budget import Budget, BudgetLedger, RolloutUsage
 from orchard.gateway.call_record import failure_record, new_call_id, success_record, total_tokens, utc_now_iso
-from orchard.gateway.config import BUILTIN_MODELS, GatewayConfig
+from orchard.gateway.config import GatewayConfig
 from orchard.gateway.provider import call_provider, effective_params, load_litellm
 from orchard.gateway.recorder import Recorder
 from orchard.gateway.wire import ChatCompletionRequest
+from orchard.policies.registry import model_names
 
 UNKEYED_ROLLOUT = "unkeyed"
 _ROLLOUT_KEY = re.compile(r"[^\s/]{1,256}")
@@ -83,7 +84,7 @@ class Gateway:
         return given
 
     def models(self) -> list[str]:
-        return sorted(set(self.config.models) | set(BUILTIN_MODELS))
+        return sorted(set(self.config.models) | set(model_names()))
 
     def start_rollout(self, rollout_key: str, budget: Budget | None = None) -> RolloutState:
         """Start a rollout with its own budget (default: the config's), or change a running one's budget."""
