@@ -1,6 +1,6 @@
-"""Which models an evaluation's gateway serves: Orchard's own policies (`oracle`, the embedded `smollm2`;
-the gateway serves them by name, see `orchard.gateway.config.BUILTIN_MODELS`), the aliases of a gateway
-config, the model asked for (with its server and key when given), and any other litellm model string."""
+"""Which models an evaluation's gateway serves: Orchard's own models (the gateway serves them by name, see
+`orchard.policies.registry` and `orchard model list`), the aliases of a gateway config, the model asked for
+(with its server and key when given), and any other litellm model string."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from orchard.gateway.config import GatewayConfig, ModelRoute
-
-ORACLE_MODEL = "oracle"
 
 
 def eval_gateway_config(model: str, *, api_base: str | None = None, api_key: str | None = None,

@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 from pydantic import SecretStr, ValidationError
 
@@ -35,12 +35,12 @@ from orchard.core.errors import (
     first_problem,
 )
 from orchard.core.harness import Harness, ModelConfig, SamplingParams, setup_harness
+from orchard.core.policy import RolloutHooks
 from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord, is_agent_outcome
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
 from orchard.eval.grading import grade_script, grade_swe_patch
 from orchard.eval.local_gateway import LocalGateway
-from orchard.eval.models import ORACLE_MODEL
 from orchard.eval.partial import trajectory_from_calls
 from orchard.eval.patch import extract_patch, snapshot_base
 from orchard.eval.run_config import TrialTimeouts
@@ -145,13 +145,18 @@ class Trial:
         model = ModelConfig(model=self.rig.model, base_url=self.rig.gateway.base_url,
                             api_key=SecretStr(self.rig.gateway.api_key), rollout_key=self.key,
                             sampling=self.rig.sampling, deadline=time.time() + budget)
-        oracle = _oracle_module() if self.rig.model == ORACLE_MODEL else None
-        if oracle is not None:
-            oracle.register(self.key, self.task)
+        hooks = self._rollout_hooks()
+        prepared = False
         record = self._open_phase("agent", budget)
         started = time.monotonic()
         cutoff = asyncio.timeout(budget)
         try:
+            if hooks is not None:
+                try:
+                    hooks.prepare_rollout(self.key, self.task)
+                except OrchardError as exc:  # the model cannot play this task (e.g. the oracle: no patch)
+                    raise ModelError(f"model {self.rig.model!r} cannot run task {self.task.id!r}: {exc}") from exc
+                prepared = True
             async with cutoff:
                 trajectory = await self.rig.harness.run(self._visible_task(), sandbox, model)
             if not isinstance(trajectory, Trajectory):
@@ -173,8 +178,9 @@ class Trial:
             log.exception("harness %s crashed on task %s", self.rig.harness.name, self.task.id)
             trajectory = self._partial("agent_error", f"harness crashed: {type(exc).__name__}: {exc}")
         finally:
-            if oracle is not None:
-                oracle.unregister(self.key)
+            if prepared:
+                assert hooks is not None
+                _end_rollout_quietly(hooks, self.key)
             self.agent_wall_s = time.monotonic() - started
         _settle_exit_status(trajectory)
         error = trajectory.outcome.error if trajectory.outcome else None
@@ -270,6 +276,18 @@ class Trial:
         budget = left - reserve if left - reserve > 0 else left
         return max(0.0, min(self.rig.timeouts.agent_s, budget))
 
+    def _rollout_hooks(self) -> RolloutHooks | None:
+        """The rollout hooks of the policy the run's model reaches through the gateway (one of Orchard's own
+        models that has them, like the oracle), else None. A model the gateway cannot route or load has
+        none here: its first call fails with the reason, as a model_error."""
+        from orchard.policies.registry import policy_for_route
+
+        try:
+            policy = policy_for_route(self.rig.gateway.gateway.config.route(self.rig.model).model)
+        except OrchardError:
+            return None
+        return policy if isinstance(policy, RolloutHooks) else None
+
     # --- results -------------------------------------------------------------------------------------
 
     def _visible_task(self) -> Task:
@@ -364,10 +382,11 @@ async def _cpu_seconds(sandbox: AgentSandbox) -> float | None:
     return None
 
 
-def _oracle_module() -> Any:
-    from orchard.policies import oracle
-
-    return oracle
+def _end_rollout_quietly(hooks: RolloutHooks, rollout_key: str) -> None:
+    try:
+        hooks.end_rollout(rollout_key)
+    except Exception:  # a policy's cleanup must not turn the rollout into an error
+        log.exception("end_rollout(%s) of the model's policy failed", rollout_key)
 
 
 async def _close_quietly(sandbox: AgentSandbox) -> None:
