@@ -40,7 +40,8 @@ def eval_command(
     ctx: typer.Context,
     harness: Annotated[Optional[str], typer.Option(help="Harness name (see `orchard harness list`).")] = None,
     model: Annotated[Optional[str], typer.Option(
-        help="`oracle`, `smollm2` (embedded), a gateway alias, or any litellm model string.")] = None,
+        help="One of Orchard's own models (see `orchard model list`), a gateway alias, or any litellm model "
+             "string.")] = None,
     suite: SuiteOption = None,
     tasks: TasksOption = None,
     parallel: ParallelOption = 4,

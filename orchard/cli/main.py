@@ -16,6 +16,7 @@ from orchard.cli import eval as eval_cli
 from orchard.cli import export as export_cli
 from orchard.cli import gateway as gateway_cli
 from orchard.cli import harness as harness_cli
+from orchard.cli import model as model_cli
 from orchard.cli import report as report_cli
 from orchard.cli import sandbox as sandbox_cli
 from orchard.cli import train as train_cli
@@ -28,6 +29,7 @@ app = typer.Typer(name="orchard", no_args_is_help=True, pretty_exceptions_enable
 app.add_typer(sandbox_cli.app, name="sandbox")
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(harness_cli.app, name="harness")
+app.add_typer(model_cli.app, name="model")
 app.add_typer(backend_cli.app, name="backend")
 app.add_typer(export_cli.app, name="export")
 app.add_typer(train_cli.app, name="train")
