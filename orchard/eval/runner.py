@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
+from orchard.core.backend import BackendConfig
 from orchard.core.errors import InvalidRequest
 from orchard.core.harness import Harness, SamplingParams, get_harness
 from orchard.core.jsonl import write_jsonl
@@ -86,13 +87,14 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
                    harness_options: dict[str, Any] | None = None, sampling: SamplingParams | None = None,
                    timeouts: TrialTimeouts | None = None, task_timeout_s: float | None = None,
                    orchard_url: str | None = None, orchard_client: AsyncOrchard | None = None,
-                   listener: EvalListener | None = None) -> EvalResults:
+                   backend: BackendConfig | str | None = None, listener: EvalListener | None = None) -> EvalResults:
     """Evaluate and return the results (also in `out_dir`). Everything a user can get wrong (unknown
     harness, suite or task, an output directory holding another configuration or a file) is refused
     before anything is written. `gateway_config` says which models the run's gateway serves (see
     `orchard.eval.models`). `timeouts` are the trials' limits; `task_timeout_s` sets only the agent's.
     Sandboxes come from `orchard_client` when given (it stays open), else from a client of its own:
-    embedded, or the server at `orchard_url` / ORCHARD_URL."""
+    embedded on `backend` (a config or a backend's name; default local), or the server at `orchard_url` /
+    ORCHARD_URL."""
     if parallel < 1:
         raise InvalidRequest(f"parallel must be at least 1, got {parallel}")
     out = Path(out_dir)
@@ -118,7 +120,7 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
     if previous_config is not None:
         check_same_config(previous_config, settings.config(), out)
     run = _Run(agent, tasks, out, settings, previous, listener)
-    return await run.execute(gateway_config, parallel, orchard_url, orchard_client)
+    return await run.execute(gateway_config, parallel, orchard_url, orchard_client, backend)
 
 
 class _Run:
@@ -170,7 +172,7 @@ class _Run:
                              interrupted=interrupted, elapsed_s=round(elapsed, 3))
 
     async def execute(self, gateway_config: GatewayConfig, parallel: int, orchard_url: str | None,
-                      orchard_client: AsyncOrchard | None) -> EvalResults:
+                      orchard_client: AsyncOrchard | None, backend: BackendConfig | str | None) -> EvalResults:
         self.out.mkdir(parents=True, exist_ok=True)
         write_config(self.out, self.settings.config())
         self._recover_interrupted()
@@ -188,7 +190,7 @@ class _Run:
             gateway = LocalGateway(gateway_config.model_copy(update={"record_path": self.out / CALLS_FILE}))
             await asyncio.to_thread(gateway.start)
             async with contextlib.AsyncExitStack() as stack:
-                orch = orchard_client or await stack.enter_async_context(AsyncOrchard(orchard_url))
+                orch = orchard_client or await stack.enter_async_context(AsyncOrchard(orchard_url, backend=backend))
                 rig = TrialRig(harness=self.harness, model=self.settings.model, sampling=self.settings.sampling,
                                timeouts=self.settings.timeouts, orch=orch, gateway=gateway,
                                agent_slots=asyncio.Semaphore(parallel), grading_slots=asyncio.Semaphore(parallel))
