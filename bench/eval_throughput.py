@@ -42,14 +42,14 @@ SCRIPTED_START_TIMEOUT_S = 60
 
 @contextmanager
 def scripted_server(delay_s: float) -> Iterator[str]:
-    """`python -m orchard.gateway.scripted` in its own process (as a model server would be), answering every
+    """`python -m orchard.testing.scripted_model` in its own process (as a model server would be), answering every
     call with a `bash true` tool call after `delay_s`; yields its base URL."""
     with tempfile.TemporaryDirectory(prefix="orchard-bench-scripted-") as tmp:
         script = Path(tmp) / "script.json"
         script.write_text(json.dumps({"loop": True, "delay_s": delay_s, "responses": [
             {"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}]}]}))
         port = free_port()
-        process = subprocess.Popen([sys.executable, "-m", "orchard.gateway.scripted", "--script", str(script),
+        process = subprocess.Popen([sys.executable, "-m", "orchard.testing.scripted_model", "--script", str(script),
                                     "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             url = f"http://127.0.0.1:{port}"

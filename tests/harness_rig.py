@@ -6,12 +6,9 @@ committed, Orchard's Python first on PATH), graded as it grades them (a fresh sa
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from orchard.core.harness import ModelConfig
 from orchard.core.task import Task
@@ -30,10 +26,11 @@ from orchard.eval.suites import load_suite
 from orchard.eval.patch import extract_patch, snapshot_base
 from orchard.eval.task_sandbox import create_task_sandbox
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.gateway.scripted import create_scripted_app
-from orchard.gateway.scripted_script import Script
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.client import AsyncOrchard
+from orchard.testing.scripted_model import create_scripted_app
+from orchard.testing.scripted_script import Script
+from orchard.util.uvicorn_thread import ServerThread
 
 SWE_MINI_DIR = Path(__file__).resolve().parents[1] / "eval" / "swe-mini"
 POLICY = "policy"  # the gateway alias the harnesses are given as their model
@@ -56,26 +53,10 @@ class ScriptedModel:
 @contextlib.contextmanager
 def scripted_model() -> Iterator[ScriptedModel]:
     """The scripted server on a free loopback port, in a thread of this process."""
-    # IPPROTO_TCP explicitly: asyncio turns Nagle off only for sockets whose proto says TCP, and with
-    # Nagle on every scripted reply waits ~40 ms for a delayed ACK.
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
     app = create_scripted_app(Script.parse([{"content": "no script loaded yet"}]))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[listener])), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the scripted model server did not start")
-        time.sleep(0.02)
-    try:
-        yield ScriptedModel(f"http://127.0.0.1:{port}")
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        listener.close()
+    with ServerThread(app, what="the scripted model server", start_timeout_s=START_TIMEOUT_S,
+                      stop_timeout_s=10) as server:
+        yield ScriptedModel(server.url)
 
 
 SCRIPTED = "scripted"  # the evaluator's gateway alias for the scripted server in eval tests

@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -20,14 +19,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from orchard.core.errors import BudgetExceeded, InvalidRequest, ModelError, ModelUnreachable, NotFound
 from orchard.core.harness import ROLLOUT_KEY_HEADER
 from orchard.core.jsonl import read_jsonl
 from orchard.core.trajectory import LLMCall
 from orchard.gateway import Budget, Gateway, GatewayConfig, ModelRoute, create_app
-from orchard.gateway.scripted_script import byte_tokens, render_prompt
+from orchard.testing.scripted_script import byte_tokens, render_prompt
+from orchard.util.uvicorn_thread import ServerThread
 from tests.running_server import free_port
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -41,14 +40,14 @@ START_TIMEOUT_S = 30
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory) -> Iterator[str]:
-    """`python -m orchard.gateway.scripted` on a free port; tests load their own script with PUT /v1/script."""
+    """`python -m orchard.testing.scripted_model` on a free port; tests load their own script with PUT /v1/script."""
     directory = tmp_path_factory.mktemp("scripted")
     script = directory / "script.json"
     script.write_text(json.dumps([{"content": "ready"}]))
     port = free_port()
     log = directory / "scripted.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "orchard.gateway.scripted", "--script", str(script),
+        process = subprocess.Popen([sys.executable, "-m", "orchard.testing.scripted_model", "--script", str(script),
                                     "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -66,20 +65,8 @@ def scripted(tmp_path_factory) -> Iterator[str]:
 @contextlib.contextmanager
 def serving(app) -> Iterator[str]:
     """A real uvicorn server for `app` on a free port, in a thread of this process."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S * 2  # the first start imports litellm
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the gateway's uvicorn server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with ServerThread(app, what="the gateway's uvicorn server", start_timeout_s=START_TIMEOUT_S * 2) as server:
+        yield server.url  # the first start imports litellm
 
 
 def gateway_config(scripted_url: str, **overrides: Any) -> GatewayConfig:
@@ -429,7 +416,7 @@ def test_config_files(tmp_path):
 def test_scripted_server_rejects_a_bad_script(scripted, tmp_path):
     bad = httpx.put(f"{scripted}/v1/script", json=[{"finish_reason": "stop"}])
     assert bad.status_code == 400 and "needs `content`, `tool_calls` or both" in bad.json()["message"]
-    run = subprocess.run([sys.executable, "-m", "orchard.gateway.scripted", "--script", str(tmp_path / "none.json")],
+    run = subprocess.run([sys.executable, "-m", "orchard.testing.scripted_model", "--script", str(tmp_path / "none.json")],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "does not exist" in run.stderr
 

@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 import yaml
 from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
@@ -35,7 +33,7 @@ from orchard.policies import oracle
 from orchard.policies.chat_render import render_for_template
 from orchard.policies.tool_parsing import parse_model_output
 from orchard.policies.tool_specs import find_shell_tool, find_submit_tool, required_arguments, tool_specs
-from tests.running_server import free_port
+from orchard.util.uvicorn_thread import ServerThread
 
 GIT = ["git", "-c", "user.email=test@orchard", "-c", "user.name=test", "-c", "init.defaultBranch=main"]
 
@@ -379,21 +377,8 @@ def test_importing_orchard_and_the_gateway_stays_cheap():
 def serving(gateway: Gateway) -> Iterator[str]:
     """The gateway on a real uvicorn server on a free port, in a thread of this process (the oracle's
     registry is the process's: the test registers tasks where the gateway runs)."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(gateway), host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60  # the first start imports litellm
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the gateway's uvicorn server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with ServerThread(create_app(gateway), what="the gateway's uvicorn server", start_timeout_s=60) as server:
+        yield server.url  # the first start imports litellm
 
 
 @pytest.fixture(scope="module")

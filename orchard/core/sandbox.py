@@ -196,6 +196,12 @@ class SandboxInfo(BaseModel):
     error: str | None = None
 
 
+class SandboxList(BaseModel):
+    """`GET /v1/sandboxes`: the sandboxes that match, as the orchestrator answers and its clients read it."""
+
+    sandboxes: list[SandboxInfo]
+
+
 @runtime_checkable
 class ShellSession(Protocol):
     """A named, stateful shell: cwd and environment persist between `run` calls."""

@@ -7,16 +7,14 @@ records straight from the in-process `Gateway` object (its recorder and ledger a
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import socket
-import threading
 
 from pydantic import SecretStr
 
-from orchard.core.errors import BackendError, NotFound
+from orchard.core.errors import NotFound
 from orchard.core.trajectory import LLMCall
 from orchard.gateway.config import GatewayConfig
+from orchard.util.uvicorn_thread import ServerThread
 
 START_TIMEOUT_S = 120.0  # the app's start imports litellm, seconds on a busy machine
 STOP_TIMEOUT_S = 15.0
@@ -31,9 +29,7 @@ class LocalGateway:
 
         self.api_key = secrets.token_urlsafe(24)
         self.gateway = Gateway(config.model_copy(update={"api_key": SecretStr(self.api_key)}))
-        self._server = None
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
+        self._server: ServerThread | None = None
         self.port = 0
 
     @property
@@ -45,50 +41,19 @@ class LocalGateway:
         return f"{self.url}/v1"
 
     def start(self) -> None:
-        import uvicorn
-
         from orchard.gateway.app import create_app
 
-        # proto IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on connections accepted from a
-        # socket that says it is TCP; without it every answer waits ~40 ms for a delayed ACK (Nagle).
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", 0))
-        self.port = listener.getsockname()[1]
         # At stop every rollout is over: a call still in flight has no one waiting for it, so it is not
         # waited for long.
-        config = uvicorn.Config(create_app(self.gateway), access_log=False, log_level="warning",
-                                timeout_graceful_shutdown=1, lifespan="on")
-        self._server = uvicorn.Server(config)
-
-        def serve() -> None:
-            try:
-                asyncio.run(self._server.serve(sockets=[listener]))
-            except BaseException as exc:  # noqa: BLE001 — reported by start() / stop() on the caller's thread
-                self._failure = exc
-            finally:
-                listener.close()
-
-        self._thread = threading.Thread(target=serve, name="orchard-eval-gateway", daemon=True)
-        self._thread.start()
-        deadline = START_TIMEOUT_S
-        while not self._server.started:
-            self._thread.join(0.05)
-            deadline -= 0.05
-            if not self._thread.is_alive() or deadline <= 0:
-                self.stop()
-                raise BackendError(f"the evaluation's model gateway did not start on 127.0.0.1:{self.port}"
-                                   f"{f': {self._failure}' if self._failure else ' in time'}")
+        self._server = ServerThread(create_app(self.gateway), name="orchard-eval-gateway",
+                                    what="the evaluation's model gateway", start_timeout_s=START_TIMEOUT_S,
+                                    stop_timeout_s=STOP_TIMEOUT_S, timeout_graceful_shutdown=1, lifespan="on")
+        self._server.start()
+        self.port = self._server.port
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(STOP_TIMEOUT_S)
-            if self._thread.is_alive() and self._server is not None:
-                self._server.force_exit = True
-                self._thread.join(STOP_TIMEOUT_S)
-        self._thread = None
+            self._server.stop()
 
     def end_rollout(self, rollout_key: str) -> list[LLMCall]:
         """Every call the rollout made (none if it made none); the gateway forgets the rollout."""

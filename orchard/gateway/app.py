@@ -12,17 +12,16 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Body, Depends, FastAPI, Header
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchard.core.errors import AuthError, InvalidRequest, NotFound, OrchardError
+from orchard.core.errors import AuthError, InvalidRequest
 from orchard.core.harness import ROLLOUT_KEY_HEADER
 from orchard.gateway.budget import Budget
 from orchard.gateway.gateway import Gateway, RolloutRecords, RolloutState
 from orchard.gateway.sse import DONE, completion_chunks, sse_event
-from orchard.gateway.wire import ChatCompletionRequest, ErrorBody
+from orchard.gateway.wire import ChatCompletionRequest
+from orchard.util.http_errors import install_error_handlers
 
 log = logging.getLogger("orchard.gateway")
 
@@ -38,7 +37,9 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     app = FastAPI(title="Orchard model gateway", version="1", lifespan=lifespan)
     app.state.gateway = gateway
-    _install_error_handlers(app)
+    install_error_handlers(app, service="gateway", log=log,
+                           routes="the gateway serves /v1/chat/completions, /v1/models, /r/<rollout key>/v1/... "
+                                  "and /v1/rollouts/<key>")
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -103,38 +104,3 @@ def _authenticate(gateway: Gateway):
                             "(an OpenAI client's api_key)")
 
     return check
-
-
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(ErrorBody(error=code, message=message).model_dump(), status_code=status, headers=headers)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(OrchardError)
-    async def orchard_error(_: Request, exc: OrchardError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
-        return _error(exc.status, exc.code, str(exc), headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for error in exc.errors()[:3]:
-            where = ".".join(str(part) for part in error["loc"][1:]) or error["loc"][0]
-            problems.append(f"{where}: {error['msg']}")
-        return _error(400, InvalidRequest.code, "invalid request: " + "; ".join(problems))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            return _error(404, NotFound.code, f"no route {request.method} {request.url.path}; the gateway serves "
-                          "/v1/chat/completions, /v1/models, /r/<rollout key>/v1/... and /v1/rollouts/<key>")
-        if exc.status_code == 405:
-            return _error(405, InvalidRequest.code, f"{request.method} is not allowed on {request.url.path}")
-        code = InvalidRequest.code if exc.status_code < 500 else OrchardError.code
-        return _error(exc.status_code, code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return _error(500, OrchardError.code, f"internal gateway error ({type(exc).__name__}: {exc}); see the "
-                      "gateway's log")

@@ -16,7 +16,7 @@ def serve(host: str = "127.0.0.1", port: int = 4000, config: GatewayConfig | str
 
     from orchard.gateway.app import create_app
     from orchard.gateway.gateway import Gateway
-    from orchard.sandbox.server.main import log_to_stderr
+    from orchard.util.logs import log_to_stderr
 
     if not isinstance(config, GatewayConfig):
         config = GatewayConfig.load(config) if config is not None else GatewayConfig()

@@ -26,10 +26,3 @@ class ChatCompletionRequest(BaseModel):
     @property
     def wants_stream_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
-
-
-class ErrorBody(BaseModel):
-    """Every error the gateway answers: `{"error": CODE, "message": TEXT}`."""
-
-    error: str
-    message: str

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from orchard.core.backend import BackendConfig
 from orchard.core.errors import (AuthError, BackendError, InvalidRequest, NotFound, OrchardError,
                                  PayloadTooLarge, SandboxLost, error_from_code)
-from orchard.core.sandbox import SandboxInfo, SandboxSpec
+from orchard.core.sandbox import SandboxInfo, SandboxList, SandboxSpec
 
 
 class EmbeddedControlPlane:
@@ -80,10 +80,6 @@ class EmbeddedControlPlane:
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
-class _SandboxList(BaseModel):
-    sandboxes: list[SandboxInfo]
-
-
 # Connection attempts that failed before anything was sent are retried by httpcore (backoff 0, 0.5, 1 s);
 # nothing else is retried, since a POST that reached the server may already have created a sandbox.
 CONNECT_RETRIES = 3
@@ -130,7 +126,7 @@ class RemoteControlPlane:
         if owner is not None:
             params.append(("owner", owner))
         response = await self._request("GET", "/v1/sandboxes", params=params)
-        return self._parse(_SandboxList, response).sandboxes
+        return self._parse(SandboxList, response).sandboxes
 
     async def wait_ready(self, sandbox_id: str, timeout: float = 60) -> SandboxInfo:
         response = await self._request("POST", f"/v1/sandboxes/{_quoted(sandbox_id)}/wait",

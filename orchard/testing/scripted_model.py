@@ -1,8 +1,9 @@
-"""A scripted OpenAI-compatible model server: answers `/v1/chat/completions` from a script of fixed
-responses, in order. Use it to debug a harness against known model output, to replay a trajectory, or as
-a model with a fixed latency (`delay_s`) in benchmarks.
+"""A test double for a model provider: an OpenAI-compatible server that answers `/v1/chat/completions`
+from a script of fixed responses, in order. Use it to debug a harness against known model output, to
+replay a trajectory, or as a model with a fixed latency (`delay_s`) in benchmarks. Nothing in Orchard's
+production code paths uses it.
 
-    python -m orchard.gateway.scripted --script replies.json --port 8001
+    python -m orchard.testing.scripted_model --script replies.json --port 8001
 
 Besides the OpenAI routes it serves `PUT /v1/script` (load another script and start over) and
 `GET /v1/script/requests` (the request bodies received so far, to check what a harness sent). Like vLLM,
@@ -19,11 +20,10 @@ from typing import Any
 
 import typer
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from orchard.core.errors import InvalidRequest, first_problem, OrchardError
-from orchard.gateway.scripted_script import (
+from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.testing.scripted_script import (
     Script,
     ScriptedResponse,
     byte_token_text,
@@ -31,7 +31,8 @@ from orchard.gateway.scripted_script import (
     render_prompt,
 )
 from orchard.gateway.sse import DONE, completion_chunks, sse_event
-from orchard.gateway.wire import ChatCompletionRequest, ErrorBody
+from orchard.gateway.wire import ChatCompletionRequest
+from orchard.util.http_errors import install_error_handlers
 
 SCRIPT_EXHAUSTED = "script_exhausted"
 MAX_KEPT_REQUESTS = 1000
@@ -103,14 +104,7 @@ def create_scripted_app(script: Script, *, model_name: str = "scripted") -> Fast
     app = FastAPI(title="Orchard scripted model server", version="1")
     app.state.player = player
 
-    @app.exception_handler(OrchardError)
-    async def orchard_error(_: Request, exc: OrchardError) -> JSONResponse:
-        return JSONResponse(ErrorBody(error=exc.code, message=str(exc)).model_dump(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message = f"invalid request: {first_problem(exc.errors(), 'body', skip=1)}"
-        return JSONResponse(ErrorBody(error=InvalidRequest.code, message=message).model_dump(), status_code=400)
+    install_error_handlers(app, service="scripted model server")
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -4,6 +4,7 @@ talking to each sandbox's agent directly, at the `agent_url` with the `token` re
 from __future__ import annotations
 
 import hmac
+import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -12,11 +13,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from orchard import __version__
 from orchard.core.errors import AuthError, InvalidRequest
-from orchard.core.sandbox import SandboxInfo, SandboxSpec
-from orchard.sandbox.server.http_errors import ERROR_RESPONSES, install_error_handlers
+from orchard.core.sandbox import SandboxInfo, SandboxList, SandboxSpec
+from orchard.sandbox.server.http_errors import ERROR_RESPONSES
 from orchard.sandbox.server.limits import MIB, BodySizeLimit
-from orchard.sandbox.server.models import Health, SandboxList
+from orchard.sandbox.server.models import Health
 from orchard.sandbox.server.service import ACTIVE_STATES, SandboxService
+from orchard.util.http_errors import install_error_handlers
 
 DEFAULT_KEY_NAME = "default"
 
@@ -40,7 +42,7 @@ def create_app(service: SandboxService, api_key: str, *, key_name: str = DEFAULT
                   description="Create, find, keep alive and delete sandboxes. Exec and files go straight to "
                               "each sandbox's agent at `agent_url`, with its `token`.")
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    install_error_handlers(app)
+    install_error_handlers(app, service="orchestrator", log=logging.getLogger("orchard.sandbox.server"))
 
     bearer = HTTPBearer(auto_error=False, description="the orchestrator's API key")
     expected = api_key.encode()

@@ -64,18 +64,7 @@ class ReconcileReport(BaseModel):
     expired: list[str] = Field(default_factory=list, description="TTL passed while nobody watched: deleted")
 
 
-class SandboxList(BaseModel):
-    sandboxes: list[SandboxInfo]
-
-
 class Health(BaseModel):
     status: str = "ok"
     backend: str
     sandboxes: int = Field(description="sandboxes that are creating, ready or being deleted")
-
-
-class ErrorBody(BaseModel):
-    """Body of every error response."""
-
-    error: str = Field(description="a code from orchard/core/errors.py, e.g. sandbox_not_found")
-    message: str
