@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import shutil
 import tarfile
 import threading
 from pathlib import Path
 from typing import AsyncIterator, Callable
+
+from orchard.sandbox.agent.tars import merge_tree
 
 CHUNK = 1 << 20
 _HIGH_MODE_BITS = 0o7000  # setuid, setgid, sticky
@@ -123,25 +124,12 @@ async def extract_tar_chunks(chunks: AsyncIterator[bytes], dest: Path, *, max_by
 
 
 def place_tree(src: Path, dest: Path) -> None:
-    """Move the finished tree `src` to `dest`: a rename when `dest` is absent, otherwise a merge where
-    `src`'s entries replace those of the same name (directories are merged recursively)."""
+    """Move the finished tree `src` to `dest`: a rename when `dest` is absent, otherwise the agent's merge
+    (`src`'s entries replace those of the same name, directories are merged recursively)."""
     if not os.path.lexists(dest):
         os.rename(src, dest)
         return
-    for name in os.listdir(src):
-        s, d = os.path.join(src, name), os.path.join(dest, name)
-        if _is_real_dir(s) and _is_real_dir(d):
-            place_tree(Path(s), Path(d))
-            continue
-        if _is_real_dir(d):
-            shutil.rmtree(d)
-        elif _is_real_dir(s) and os.path.lexists(d):
-            os.unlink(d)
-        os.replace(s, d)  # a file or link over a file or link: atomic
-
-
-def _is_real_dir(path: str) -> bool:
-    return os.path.isdir(path) and not os.path.islink(path)
+    merge_tree(str(src), str(dest))
 
 
 def _pipe() -> tuple[int, int]:

@@ -56,7 +56,7 @@ def handle_upload(req) -> dict:
     try:
         count = _extract(body, tmp)
         if exists:
-            _merge(tmp, root)
+            merge_tree(tmp, root)
         else:
             os.chmod(tmp, 0o777 & ~req.context.umask)  # mkdtemp made it 0700; now it becomes the target
             os.rename(tmp, root)
@@ -179,9 +179,10 @@ def _extract(body, tmp: str) -> int:
     return count
 
 
-def _merge(src: str, dst: str):
-    """Move the extracted tree into an existing directory: same-named files are replaced (each by one
-    rename), directories are merged, what the archive does not name is kept."""
+def merge_tree(src: str, dst: str) -> None:
+    """Move the extracted tree `src` into the existing directory `dst`: same-named files are replaced (each
+    by one rename), directories are merged (and get `src`'s mode and times), what `src` does not name is
+    kept. Also what the client does with a downloaded tree (orchard.sandbox.tar_stream.place_tree)."""
     import shutil
 
     for name in os.listdir(src):
@@ -189,7 +190,7 @@ def _merge(src: str, dst: str):
         s_dir = os.path.isdir(s) and not os.path.islink(s)
         d_dir = os.path.isdir(d) and not os.path.islink(d)
         if s_dir and d_dir:
-            _merge(s, d)
+            merge_tree(s, d)
             shutil.copystat(s, d)
             continue
         if d_dir:
