@@ -255,3 +255,10 @@ class Sandbox(Protocol):
     async def shell(self, name: str = "default", *, cwd: str | None = None,
                     env: dict[str, str] | None = None) -> ShellSession: ...
     async def close(self) -> None: ...
+
+
+class SandboxFactory(Protocol):
+    """What makes ready sandboxes from a spec: the SDK client (`AsyncOrchard`, on any backend), or any other
+    source. The evaluator and its graders need nothing more; closing a sandbox it made deletes it."""
+
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...

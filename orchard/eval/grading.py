@@ -20,18 +20,17 @@ import shlex
 from typing import Optional, Sequence
 
 from orchard.core.errors import GraderError, InvalidRequest
+from orchard.core.sandbox import Sandbox, SandboxFactory
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Outcome
 from orchard.eval import swe_tests
 from orchard.eval.task_sandbox import create_task_sandbox
-from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.client import AsyncOrchard
 
 GRADER_PYTHON = "python"  # resolved on the sandbox's PATH (Orchard's own Python first in the host image)
 REWARD_FILE_MAX_BYTES = 1024
 
 
-def sandbox_runner(sandbox: AgentSandbox) -> swe_tests.CommandRunner:
+def sandbox_runner(sandbox: Sandbox) -> swe_tests.CommandRunner:
     """A CommandRunner that runs each command in `sandbox`."""
 
     async def run(argv: Sequence[str], cwd: str, stdin: Optional[str], timeout: float) -> swe_tests.CommandOutput:
@@ -41,7 +40,7 @@ def sandbox_runner(sandbox: AgentSandbox) -> swe_tests.CommandRunner:
     return run
 
 
-async def grade_swe_patch(orch: AsyncOrchard, task: Task, patch: str, *, labels: dict[str, str] | None = None,
+async def grade_swe_patch(orch: SandboxFactory, task: Task, patch: str, *, labels: dict[str, str] | None = None,
                           label: str = "agent's patch") -> Outcome:
     """Grade `patch` for a SWE task in a fresh sandbox, which is deleted afterwards."""
     grader = task.grader
@@ -67,7 +66,7 @@ async def grade_swe_patch(orch: AsyncOrchard, task: Task, patch: str, *, labels:
     return Outcome(resolved=resolved, reward=1.0 if resolved else 0.0, details=details)
 
 
-async def _run_in_fresh_sandbox(orch: AsyncOrchard, task: Task, patch: str, label: str,
+async def _run_in_fresh_sandbox(orch: SandboxFactory, task: Task, patch: str, label: str,
                                 labels: dict[str, str] | None) -> swe_tests.RunOutcome:
     grader = task.grader
     assert isinstance(grader, SWETestsGrader)
@@ -83,7 +82,7 @@ async def _run_in_fresh_sandbox(orch: AsyncOrchard, task: Task, patch: str, labe
     return run
 
 
-async def grade_script(sandbox: AgentSandbox, task: Task) -> Outcome:
+async def grade_script(sandbox: Sandbox, task: Task) -> Outcome:
     """Run a ScriptGrader's script in the agent's sandbox (where the agent's work is)."""
     grader = task.grader
     if not isinstance(grader, ScriptGrader):
@@ -101,7 +100,7 @@ async def grade_script(sandbox: AgentSandbox, task: Task) -> Outcome:
     return Outcome(resolved=resolved, reward=reward, details=details)
 
 
-async def _read_reward(sandbox: AgentSandbox, path: str) -> tuple[float, str]:
+async def _read_reward(sandbox: Sandbox, path: str) -> tuple[float, str]:
     """The number in the reward file; 0.0 (and why) when it is missing or not a number: the agent's work
     did not produce a reward, which is a failed attempt, not an error."""
     probe = await sandbox.exec(["head", "-c", str(REWARD_FILE_MAX_BYTES), path], timeout=30)

@@ -10,9 +10,8 @@ import sys
 from typing import Any
 
 from orchard.core.errors import InvalidRequest
+from orchard.core.sandbox import Sandbox, SandboxFactory
 from orchard.core.task import Task
-from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.client import AsyncOrchard
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -29,8 +28,8 @@ def sandbox_env(task: Task) -> dict[str, str]:
     return env
 
 
-async def create_task_sandbox(orch: AsyncOrchard, task: Task, *, labels: dict[str, str] | None = None,
-                              **spec_overrides: Any) -> AgentSandbox:
+async def create_task_sandbox(orch: SandboxFactory, task: Task, *, labels: dict[str, str] | None = None,
+                              **spec_overrides: Any) -> Sandbox:
     """A ready sandbox for `task`: files placed, setup done. On any failure the sandbox is deleted; a setup
     command that fails is an InvalidRequest naming it (the task's environment is broken)."""
     spec = task.environment.sandbox_spec(env=sandbox_env(task), labels=dict(labels or {}), **spec_overrides)
@@ -44,14 +43,14 @@ async def create_task_sandbox(orch: AsyncOrchard, task: Task, *, labels: dict[st
     return sandbox
 
 
-async def place_files(sandbox: AgentSandbox, task: Task) -> None:
+async def place_files(sandbox: Sandbox, task: Task) -> None:
     workdir = task.environment.workdir
     for file in task.environment.files:
         path = file.path if posixpath.isabs(file.path) else posixpath.join(workdir, file.path)
         await sandbox.write_file(path, file.data(), mode=file.mode)
 
 
-async def run_setup(sandbox: AgentSandbox, task: Task) -> None:
+async def run_setup(sandbox: Sandbox, task: Task) -> None:
     environment = task.environment
     for command in environment.setup:
         result = await sandbox.exec(command, cwd=environment.workdir, timeout=environment.setup_timeout_s)
@@ -64,7 +63,7 @@ async def run_setup(sandbox: AgentSandbox, task: Task) -> None:
                                  f"{result.exit_code}: {result.output.strip()[-800:]}")
 
 
-async def sandbox_cpu_seconds(sandbox: AgentSandbox) -> float | None:
+async def sandbox_cpu_seconds(sandbox: Sandbox) -> float | None:
     """CPU seconds (user + system) used so far by every process in the sandbox's pid namespace: for each
     live process its own time plus that of the children it has reaped (`/proc/PID/stat` fields 14-17),
     which counts every process that ever ran there exactly once. It includes the in-sandbox agent. The
