@@ -4,6 +4,8 @@
 
 from typing import TYPE_CHECKING
 
+from orchard.util.lazy import lazy_exports
+
 __version__ = "0.1.0"
 
 _LAZY_EXPORTS = {
@@ -24,16 +26,4 @@ if TYPE_CHECKING:
     from orchard.sandbox.client import AsyncOrchard, Orchard
 
 
-def __getattr__(name: str):
-    module_name = _LAZY_EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'orchard' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS, globals())

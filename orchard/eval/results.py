@@ -18,13 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from orchard.core.errors import InvalidRequest, first_problem
 from orchard.core.jsonl import read_jsonl
 from orchard.core.run_status import is_agent_outcome
 from orchard.core.trajectory import Trajectory
-from orchard.eval.run_config import EvalConfig
+from orchard.eval.run_config import EvalConfig, read_model_file
 from orchard.util.files import atomic_write_bytes
 
 RESULTS_FILE = "results.json"
@@ -151,14 +150,7 @@ def build_results(run_id: str, settings: EvalSettings, started_at: str, trajecto
 
 
 def read_results(out_dir: Path) -> EvalResults | None:
-    path = Path(out_dir) / RESULTS_FILE
-    try:
-        return EvalResults.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except ValidationError as exc:
-        raise InvalidRequest(f"{path} is not an Orchard results file ({first_problem(exc, 'results')}); choose "
-                             "another output directory") from None
+    return read_model_file(Path(out_dir) / RESULTS_FILE, EvalResults, "an Orchard results file")
 
 
 def read_trajectories(out_dir: Path) -> list[Trajectory]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -19,6 +19,8 @@ from orchard.core.errors import InvalidRequest, first_problem
 from orchard.core.harness import SamplingParams
 from orchard.core.task_suite import TaskSuite
 from orchard.util.files import atomic_write_bytes
+
+M = TypeVar("M", bound=BaseModel)
 
 CONFIG_FILE = "config.json"
 
@@ -72,14 +74,19 @@ def suite_hash(suite: TaskSuite) -> str:
 
 
 def read_config(out_dir: Path) -> EvalConfig | None:
-    path = Path(out_dir) / CONFIG_FILE
+    return read_model_file(Path(out_dir) / CONFIG_FILE, EvalConfig, "an Orchard run configuration")
+
+
+def read_model_file(path: Path, model: type[M], what: str) -> M | None:
+    """The JSON file `path` (one of a run's output files) as a `model`; None when it does not exist, an
+    InvalidRequest naming `what` when it is something else."""
     try:
-        return EvalConfig.model_validate_json(path.read_bytes())
+        return model.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         return None
     except ValidationError as exc:
-        raise InvalidRequest(f"{path} is not an Orchard run configuration ({first_problem(exc.errors())}); "
-                             "choose another output directory") from None
+        raise InvalidRequest(f"{path} is not {what} ({first_problem(exc, 'file')}); choose another output "
+                             "directory") from None
 
 
 def write_config(out_dir: Path, config: EvalConfig) -> None:

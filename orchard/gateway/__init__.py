@@ -6,6 +6,8 @@ Nothing heavy is imported here: litellm loads on the first model call (or at `se
 
 from typing import TYPE_CHECKING
 
+from orchard.util.lazy import lazy_exports
+
 _LAZY_EXPORTS = {
     "Gateway": "orchard.gateway.gateway",
     "RolloutRecords": "orchard.gateway.gateway",
@@ -29,16 +31,4 @@ if TYPE_CHECKING:
     from orchard.gateway.server import serve
 
 
-def __getattr__(name: str):
-    module_name = _LAZY_EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'orchard.gateway' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS, globals())

@@ -183,16 +183,7 @@ def _build_into(root: Path, key: str, agent_dir: Path) -> str:
         shutil.copytree(dynload, dynload_dest, ignore=_ignore_stdlib, dirs_exist_ok=True)
     extensions = [p for p in dynload_dest.iterdir() if p.suffix == ".so"]
 
-    libraries: dict[str, Path] = {}
-    for binary in [exe, *extensions]:
-        libraries.update(_shared_libraries(binary))
-    for soname, source in libraries.items():
-        shutil.copyfile(source, libdir / soname)
-        (libdir / soname).chmod(0o755)
-    interp = _elf_interpreter(exe)
-    loader_name = Path(interp).name
-    shutil.copyfile(os.path.realpath(interp), libdir / loader_name)
-    (libdir / loader_name).chmod(0o755)
+    loader_name = copy_native_libraries([exe, *extensions], libdir)
 
     _strip_debug_info([runtime / "bin" / "python3", *libdir.glob("*.so*"), *extensions])
 
@@ -202,6 +193,22 @@ def _build_into(root: Path, key: str, agent_dir: Path) -> str:
     if not compileall.compile_dir(root, quiet=2, workers=1):
         raise BackendError("byte-compiling the agent bundle failed; the agent sources have a syntax error")
     return loader_name
+
+
+def copy_native_libraries(binaries: list[Path], libdir: Path) -> str:
+    """Copy into `libdir` every shared library `ldd` resolves for `binaries` and the dynamic loader the
+    first one names, so they run anywhere through that loader with `--library-path libdir`; returns the
+    loader's file name."""
+    libraries: dict[str, Path] = {}
+    for binary in binaries:
+        libraries.update(_shared_libraries(binary))
+    interpreter = _elf_interpreter(binaries[0])
+    loader = Path(interpreter).name
+    libraries[loader] = Path(os.path.realpath(interpreter))
+    for name, source in libraries.items():
+        shutil.copyfile(source, libdir / name)
+        (libdir / name).chmod(0o755)
+    return loader
 
 
 def _strip_debug_info(binaries: list[Path]) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from orchard.core.errors import BackendError
 from orchard.sandbox.backends.k8s_egress import APPLY_SCRIPT, CHAIN, EGRESS_DIR, TABLE
 from orchard.sandbox.backends.k8s_pods import INJECTOR_BUNDLE_DIR, INJECTOR_COMMAND
-from orchard.sandbox.bundle import AgentBundle, _elf_interpreter, _shared_libraries, ensure_agent_bundle
+from orchard.sandbox.bundle import AgentBundle, copy_native_libraries, ensure_agent_bundle
 
 IMAGE_REPOSITORY = "localhost/orchard-agent"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
@@ -96,13 +96,7 @@ def add_egress_tool(dest: Path) -> None:
     libdir.mkdir()
     shutil.copyfile(nft, egress / "bin" / "nft")
     (egress / "bin" / "nft").chmod(0o755)
-    for soname, source in _shared_libraries(nft).items():
-        shutil.copyfile(source, libdir / soname)
-        (libdir / soname).chmod(0o755)
-    interpreter = _elf_interpreter(nft)
-    loader = Path(interpreter).name
-    shutil.copyfile(os.path.realpath(interpreter), libdir / loader)
-    (libdir / loader).chmod(0o755)
+    loader = copy_native_libraries([nft], libdir)
     apply = dest / APPLY_SCRIPT.lstrip("/")
     apply.write_text(
         "#!/bin/sh\n"
