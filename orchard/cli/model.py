@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from orchard.cli.sandbox import out
+from orchard.cli.plugins import print_plugins
 
 app = typer.Typer(help="Orchard's own models: the policies the gateway serves by name (`orchard eval --model NAME`).",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -21,16 +20,11 @@ def list_command() -> None:
     from orchard.core.policy import ENTRY_POINT_GROUP
     from orchard.policies.registry import list_models
 
-    models = list_models(load=True)
-    table = Table(title="models")
-    for column in ("name", "description", "source", "package", "entry point"):
-        table.add_column(column, overflow="fold")
-    for info in models:
-        package = f"{info.distribution or '-'} {info.distribution_version or ''}".strip()
-        description = (f"[red]cannot load: {escape(info.problem)}[/]" if info.problem
-                       else escape(info.description or ""))
-        table.add_row(escape(info.name), description, info.source, escape(package), escape(info.target or "-"))
-    out.print(table)
-    if not models:
-        out.print(f"no model is registered: a package adds one with an entry point in the {ENTRY_POINT_GROUP!r} "
-                  "group (see docs/models.md)")
+    print_plugins(list_models(load=True), title="models", kind="model", group=ENTRY_POINT_GROUP, guide="docs/models.md",
+                  detail="description", detail_of=_description)
+
+
+def _description(info) -> str:
+    if info.problem:
+        return f"[red]cannot load: {escape(info.problem)}[/]"
+    return escape(info.description or "")
