@@ -6,6 +6,11 @@ from tests.harness_rig import gateway_in_front_of, scripted_model
 from tests.running_server import remove_live_sandboxes
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "docker: needs a real Docker daemon (ORCHARD_DOCKER=1, or the one of "
+                                       "scripts/docker/daemon.sh running)")
+
+
 @pytest.fixture(scope="module")
 def scripted():
     """The scripted OpenAI-compatible server (a stand-in for the model only), one per test module."""
