@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
@@ -100,18 +101,33 @@ class ToolCall(ExtensibleAtifObject):
     @property
     def arguments_valid(self) -> bool:
         """False when the model's arguments text is not a JSON object (truncated, not JSON, a list...)."""
-        return self.raw_arguments is None or _json_object(self.raw_arguments) is not None
+        return self.raw_arguments is None or json_object(self.raw_arguments) is not None
+
+    @classmethod
+    def from_openai(cls, call: Mapping[str, Any], *, default_id: str = "unknown") -> ToolCall:
+        """An entry of an OpenAI chat message's `tool_calls`: the arguments text the model wrote is kept
+        (`raw_arguments`) and parsed (`{}` when it is not a JSON object); arguments already given as an
+        object have no text to keep."""
+        function = call.get("function") or {}
+        raw = function.get("arguments")
+        if isinstance(raw, str):
+            arguments = json_object(raw) or {}
+        else:
+            arguments, raw = (raw if isinstance(raw, dict) else {}), None
+        return cls(tool_call_id=call.get("id") or default_id, function_name=function.get("name") or "unknown",
+                   arguments=arguments, raw_arguments=raw)
 
     @model_validator(mode="after")
     def _raw_matches_parsed(self) -> ToolCall:
-        parsed = None if self.raw_arguments is None else _json_object(self.raw_arguments)
+        parsed = None if self.raw_arguments is None else json_object(self.raw_arguments)
         if parsed is not None and parsed != self.arguments:
             raise ValueError(f"tool call {self.tool_call_id!r}: `arguments` must be `raw_arguments` parsed "
                              "(the raw text is a JSON object that differs from them)")
         return self
 
 
-def _json_object(text: str) -> dict[str, Any] | None:
+def json_object(text: str) -> dict[str, Any] | None:
+    """`text` parsed when it is a JSON object (what tool-call arguments must be), else None."""
     try:
         value = json.loads(text)
     except ValueError:

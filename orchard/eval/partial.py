@@ -11,7 +11,6 @@ observation."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -63,19 +62,8 @@ def trajectory_from_calls(calls: list[LLMCall], agent: Agent) -> Trajectory:
 
 def _agent_step(step_id: int, call: LLMCall) -> Step:
     message = ((call.response or {}).get("choices") or [{}])[0].get("message") or {}
-    tool_calls = []
-    for raw in message.get("tool_calls") or []:
-        function = raw.get("function") or {}
-        text = function.get("arguments")
-        try:
-            arguments = json.loads(text) if isinstance(text, str) else (text or {})
-        except ValueError:
-            arguments = {}
-        tool_calls.append(ToolCall(
-            tool_call_id=raw.get("id") or f"call-{step_id}-{len(tool_calls)}",
-            function_name=function.get("name") or "unknown",
-            arguments=arguments if isinstance(arguments, dict) else {},
-            raw_arguments=text if isinstance(text, str) else json.dumps(text)))
+    tool_calls = [ToolCall.from_openai(raw, default_id=f"call-{step_id}-{index}")
+                  for index, raw in enumerate(message.get("tool_calls") or [])]
     return Step(step_id=step_id, source="agent", timestamp=call.started_at, model_name=call.model,
                 message=_text(message.get("content")), reasoning_content=message.get("reasoning_content"),
                 tool_calls=tool_calls, llm_call_ids=[call.id],

@@ -13,10 +13,10 @@ follows) cannot give a faithful split and is refused."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from orchard.core.trajectory import json_object
 from orchard.policies.chat_render import render_for_template, template_supports_tools
 
 
@@ -87,12 +87,8 @@ def _parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
     for call in calls:
         function = dict(call.get("function") or {})
         arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                value = json.loads(arguments)
-            except ValueError:
-                value = None
-            if isinstance(value, dict):
-                function["arguments"] = value
+        value = json_object(arguments) if isinstance(arguments, str) else None
+        if value is not None:
+            function["arguments"] = value
         parsed.append({**call, "function": function})
     return {**message, "tool_calls": parsed}

@@ -16,7 +16,6 @@ Message by message:
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -111,24 +110,8 @@ def _agent_step(step_id: int, message: dict[str, Any], extra: dict[str, Any], mo
     return Step(step_id=step_id, source="agent", timestamp=_timestamp(extra.get("timestamp")),
                 model_name=model_name, message=_text(message.get("content")),
                 reasoning_content=message.get("reasoning_content"),
-                tool_calls=[_tool_call(call) for call in message.get("tool_calls") or []],
+                tool_calls=[ToolCall.from_openai(call) for call in message.get("tool_calls") or []],
                 metrics=_metrics(response, extra.get("cost")), llm_call_count=1, extra=step_extra)
-
-
-def _tool_call(call: dict[str, Any]) -> ToolCall:
-    """The recorded call with the arguments text the model wrote (`raw_arguments`, replayed by training as
-    written); `arguments` is that text parsed, `{}` when it is not a JSON object."""
-    function = call.get("function") or {}
-    raw = function.get("arguments")
-    if isinstance(raw, str):
-        try:
-            arguments = json.loads(raw)
-        except ValueError:
-            arguments = None
-    else:  # already an object: there is no text to keep
-        arguments, raw = raw or {}, None
-    return ToolCall(tool_call_id=call.get("id") or "unknown", function_name=function.get("name") or "unknown",
-                    arguments=arguments if isinstance(arguments, dict) else {}, raw_arguments=raw)
 
 
 def _answer_pending_calls(step: Step, exit_message: dict[str, Any]) -> None:
