@@ -11,6 +11,7 @@ from pydantic import Field
 from orchard.core.backend import BackendCapabilities, BackendConfig
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
+from orchard.util.env import env_flag
 
 DEFAULT_NAMESPACE = "orchard-sandboxes"
 POD_PIDS_LIMIT_ENV = "ORCHARD_K8S_POD_PIDS_LIMIT"
@@ -48,20 +49,10 @@ class KubernetesConfig(BackendConfig):
                   "image_pull_policy": env("ORCHARD_K8S_IMAGE_PULL_POLICY"),
                   "default_image": env("ORCHARD_K8S_DEFAULT_IMAGE"), "kubeconfig": env("KUBECONFIG"),
                   "agent_bundle_dir": env("ORCHARD_K8S_AGENT_BUNDLE"),
-                  "egress_guard": _flag(env("ORCHARD_K8S_EGRESS_GUARD"), "ORCHARD_K8S_EGRESS_GUARD"),
+                  "egress_guard": env_flag(env("ORCHARD_K8S_EGRESS_GUARD"), "ORCHARD_K8S_EGRESS_GUARD"),
                   "pod_pids_limit": env(POD_PIDS_LIMIT_ENV)}
         return cls.model_validate({"bundle_cache_dir": home / "cache",
                                    **{k: v for k, v in values.items() if v is not None}})
-
-
-def _flag(value: str | None, name: str) -> bool | None:
-    if value is None:
-        return None
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise InvalidRequest(f"{name}={value!r}: use 1 (on) or 0 (off)")
 
 
 def k8s_capabilities(pod_pids_limit: int | None) -> BackendCapabilities:
