@@ -26,7 +26,7 @@ from orchard.core.task import ScriptGrader, Task
 from orchard.core.trajectory import Agent, Trajectory
 from orchard.gateway.config import GatewayConfig
 from orchard.gateway.gateway import Gateway
-from orchard.policies import live, registry
+from orchard.policies import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "models.md"
@@ -236,8 +236,8 @@ def test_live_policies_are_found_beside_the_registered_ones_and_cannot_take_thei
                               model="trained-0", prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[])
 
     with pytest.raises(InvalidRequest, match=r"other than the registered models \(oracle, smollm2\)"):
-        live.serve("oracle", Scripted())
-    assert live.serve("policy-test", Scripted()) == "orchard/policy-test"
+        registry.serve_live("oracle", Scripted())
+    assert registry.serve_live("policy-test", Scripted()) == "orchard/policy-test"
     try:
         assert "policy-test" in registry.model_names()
         served = registry.get_policy("policy-test")
@@ -249,5 +249,5 @@ def test_live_policies_are_found_beside_the_registered_ones_and_cannot_take_thei
         assert body["prompt_token_ids"] == [1, 2] and body["choices"][0]["token_ids"] == [3]
         gateway.end_rollout("live-1")
     finally:
-        live.withdraw("policy-test")
+        registry.withdraw_live("policy-test")
     assert "policy-test" not in registry.model_names()

@@ -3,10 +3,10 @@ trained) served under `orchard/<name>` like the registered ones (`oracle`, `smol
 calls are recorded, budgeted and keyed by rollout the same way. orchard/policies/registry.py finds them
 beside the registered models.
 
-    serve("policy-1a2b", policy)     # policy.complete(messages, tools, params, rollout_key=..., timeout_s=...)
+    serve_live("policy-1a2b", policy)  # registry's; policy.complete(messages, tools, params, rollout_key=...)
     GatewayConfig(models={"policy": ModelRoute(model="orchard/policy-1a2b")})
     ...
-    withdraw("policy-1a2b")
+    withdraw_live("policy-1a2b")
 
 A policy returns an `orchard.core.policy.Completion` (message, finish reason, prompt and completion token
 ids, a logprob per completion token); the gateway records those ids as they are. One that only has
@@ -18,7 +18,6 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
-from orchard.core.errors import InvalidRequest
 from orchard.core.policy import Completion
 
 
@@ -32,17 +31,10 @@ _policies: dict[str, LivePolicy] = {}
 _lock = threading.Lock()
 
 
-def serve(name: str, policy: LivePolicy) -> str:
-    """Serve `policy` as the gateway model `orchard/<name>`; returns that model string."""
-    from orchard.policies.registry import provider_model, registered_names
-
-    taken = registered_names()
-    if not name or "/" in name or name in taken:
-        raise InvalidRequest(f"cannot serve a live policy as {name!r}: use a non-empty name without '/', "
-                             f"other than the registered models ({', '.join(sorted(taken))})")
+def put(name: str, policy: LivePolicy) -> None:
+    """Store `policy` under `name` (registry.serve_live checks the name first)."""
     with _lock:
         _policies[name] = policy
-    return provider_model(name)
 
 
 def withdraw(name: str) -> None:

@@ -110,6 +110,21 @@ def provider_model(name: str) -> str:
     return f"{PROVIDER_PREFIX}{name}"
 
 
+def serve_live(name: str, policy: live.LivePolicy) -> str:
+    """Serve `policy` (e.g. the model being trained) as the gateway model `orchard/<name>`; returns that
+    model string. `withdraw_live(name)` ends it."""
+    taken = registered_names()
+    if not name or "/" in name or name in taken:
+        raise InvalidRequest(f"cannot serve a live policy as {name!r}: use a non-empty name without '/', "
+                             f"other than the registered models ({', '.join(sorted(taken))})")
+    live.put(name, policy)
+    return provider_model(name)
+
+
+def withdraw_live(name: str) -> None:
+    live.withdraw(name)
+
+
 # --- loading -------------------------------------------------------------------------------------------
 
 def _load(entry: EntryPoint) -> Policy:

@@ -22,7 +22,7 @@ from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.trial import Trial, TrialRig
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.policies import live
+from orchard.policies.registry import serve_live, withdraw_live
 
 POLICY_ALIAS = "policy"
 _T = TypeVar("_T")
@@ -60,7 +60,7 @@ class RolloutEnv:
         if self._route is not None:
             models[self.model] = self._route
         elif self.policy is not None:
-            models[self.model] = ModelRoute(model=live.serve(self._name, self.policy))
+            models[self.model] = ModelRoute(model=serve_live(self._name, self.policy))
         self._thread.start()
         try:
             self.gateway = LocalGateway(GatewayConfig(models=models, allow_any_model=False))
@@ -79,7 +79,7 @@ class RolloutEnv:
                 self._orch = None
         if self.gateway is not None:
             self.gateway.stop()
-        live.withdraw(self._name)
+        withdraw_live(self._name)
         if self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(30)
