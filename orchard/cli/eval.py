@@ -26,7 +26,11 @@ app = typer.Typer(help="Evaluate a harness with a model on a task suite; `orchar
 
 UrlOption = Annotated[Optional[str], typer.Option(
     "--url", envvar="ORCHARD_URL", show_envvar=True,
-    help="Orchard server for the sandboxes; default: embedded (sandboxes on this machine).")]
+    help="Orchard server for the sandboxes; default: an orchestrator in this process (see --backend).")]
+BackendOption = Annotated[Optional[str], typer.Option(
+    "--backend", help="Without --url: where this process's orchestrator runs the sandboxes (`orchard backend "
+                      "list`; default local), configured from the environment (e.g. DOCKER_HOST, ORCHARD_K8S_*). "
+                      "A task with image 'host' runs in the backend's default image there.")]
 SuiteOption = Annotated[Optional[str], typer.Option(
     "--suite", help="A built-in suite name (e.g. swe-mini) or a suite directory.")]
 TasksOption = Annotated[Optional[str], typer.Option(
@@ -72,6 +76,7 @@ def eval_command(
     allow_errors: Annotated[bool, typer.Option(
         "--allow-errors", help="Exit 0 even when some rollouts ended in an error.")] = False,
     url: UrlOption = None,
+    backend: BackendOption = None,
 ) -> None:
     """Evaluate HARNESS with MODEL on SUITE: one trial per task (sandbox, harness, patch, grading in a fresh
     sandbox).
@@ -107,7 +112,7 @@ def eval_command(
                 harness=harness, model=model, suite=suite, out_dir=target, gateway_config=config,
                 task_ids=_split(tasks), parallel=parallel, harness_options=options,
                 sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), timeouts=timeouts,
-                orchard_url=url, listener=listener))
+                orchard_url=url, backend=backend, listener=listener))
     except OrchardError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -124,14 +129,15 @@ def eval_command(
 
 @app.command("validate")
 def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None, parallel: ParallelOption = 4,
-                     url: UrlOption = None) -> None:
+                     url: UrlOption = None, backend: BackendOption = None) -> None:
     """Check a SWE suite in sandboxes with the evaluator's grader: for every task the gold patch must
     resolve it and the empty patch must not. Exits 1 if any task is invalid."""
     from orchard.eval.validation import validate_suite
 
     try:
         with err.status(f"validating {suite} in sandboxes..."):
-            checks = asyncio.run(validate_suite(suite, _split(tasks), parallel=parallel, orchard_url=url))
+            checks = asyncio.run(validate_suite(suite, _split(tasks), parallel=parallel, orchard_url=url,
+                                                  backend=backend))
     except OrchardError as exc:
         fail(str(exc))
     except KeyboardInterrupt:

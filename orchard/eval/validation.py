@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from orchard.core.backend import BackendConfig
 from orchard.core.errors import OrchardError
 from orchard.core.task import SWETestsGrader, Task
 from orchard.core.task_suite import TaskSuite
@@ -33,10 +34,11 @@ class TaskValidation(BaseModel):
 
 
 async def validate_suite(suite: str | Path | TaskSuite, task_ids: list[str] | None = None, *, parallel: int = 4,
-                         orchard_url: str | None = None) -> list[TaskValidation]:
+                         orchard_url: str | None = None,
+                         backend: BackendConfig | str | None = None) -> list[TaskValidation]:
     tasks = select_tasks(load_suite(suite), task_ids)
     slots = asyncio.Semaphore(max(1, parallel))
-    async with AsyncOrchard(orchard_url) as orch:
+    async with AsyncOrchard(orchard_url, backend=backend) as orch:
 
         async def one(task: Task) -> TaskValidation:
             async with slots:
