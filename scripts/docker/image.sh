@@ -10,8 +10,9 @@
 # shellcheck source=../k8s/images.sh
 . "$DOCKER_SCRIPT_DIR/../k8s/images.sh"     # oci_archive, build_debian_image
 SANDBOX_IMAGE=${ORCHARD_DOCKER_IMAGE:-localhost/orchard-debian:bookworm}
-# git and python3 with pytest: a repository checkout, its tests and `git diff` for the patch.
-SANDBOX_PACKAGES=${ORCHARD_DOCKER_DEBIAN_INCLUDE-python3,python3-pytest,git,patch,ca-certificates,procps}
+# git and python3 (also as `python`, as SWE-bench images have it) with pytest: a repository checkout, its
+# tests and `git diff` for the patch.
+SANDBOX_PACKAGES=${ORCHARD_DOCKER_DEBIAN_INCLUDE-python3,python-is-python3,python3-pytest,git,patch,ca-certificates,procps}
 
 image_present() { api "http://docker/images/$1/json" >/dev/null 2>&1; }
 
@@ -26,8 +27,9 @@ layer_of() {
 }
 
 import_rootfs_image() {
-  local name=$1 archive=$2 layer repo tag
+  local name=$1 archive=$2 layer repo tag previous
   repo=${name%:*} tag=${name##*:}
+  previous=$(api "http://docker/images/$name/json" 2>/dev/null | grep -o '"Id":"sha256:[0-9a-f]*"' | cut -d'"' -f4 || true)
   layer=$(mktemp "$IMAGE_CACHE/.layer.XXXXXX")
   layer_of "$archive" "$layer"
   # changes: the image config an imported rootfs lacks (PATH, the shell as default command).
@@ -36,6 +38,8 @@ import_rootfs_image() {
     >"$LOGS/image-import.log" || { rm -f "$layer"; die "importing $archive into dockerd failed (log: $LOGS/image-import.log)"; }
   rm -f "$layer"
   image_present "$name" || die "after the import dockerd has no image $name (log: $LOGS/image-import.log)"
+  # The image this one replaced, now untagged; kept while a container still uses it.
+  if [ -n "$previous" ]; then api -X DELETE "http://docker/images/$previous" >/dev/null 2>&1 || true; fi
 }
 
 # `daemon.sh image [--rebuild]`: build the archive when missing, rebuilt on request or made with another
