@@ -332,6 +332,7 @@ def test_tool_conversation_renders_for_a_template_without_tools():
     assert system_first[0]["content"].startswith("Be brief.\n\n# Tools")
 
 
+@pytest.mark.model
 def test_smollm2_checks_sampling_before_loading_the_model():
     from orchard.policies import smollm2
 
@@ -443,6 +444,7 @@ async def test_an_unknown_orchard_model_is_a_clear_error():
 # --- the real SmolLM2 (slow: ~15 s to load, seconds per call) --------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_through_the_gateway_records_token_ids_and_logprobs(gateway_url):
     from orchard.policies import smollm2
 
@@ -472,6 +474,7 @@ def test_smollm2_through_the_gateway_records_token_ids_and_logprobs(gateway_url)
 
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_tool_call_from_a_real_generation(gateway_url):
     from orchard.policies import smollm2
 
@@ -501,6 +504,7 @@ def test_smollm2_tool_call_from_a_real_generation(gateway_url):
 
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_that_runs_out_of_time_fails_clearly():
     gateway = Gateway(GatewayConfig(timeout_s=0.3))
     with pytest.raises(ModelError) as failure:
@@ -511,6 +515,7 @@ def test_smollm2_that_runs_out_of_time_fails_clearly():
 
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_honours_seed_stop_and_max_tokens():
     from orchard.policies import smollm2
 

