@@ -27,14 +27,14 @@ layer_of() {
 }
 
 import_rootfs_image() {
-  local name=$1 archive=$2 layer repo tag previous
-  repo=${name%:*} tag=${name##*:}
+  local name=$1 archive=$2 layer previous
   previous=$(api "http://docker/images/$name/json" 2>/dev/null | grep -o '"Id":"sha256:[0-9a-f]*"' | cut -d'"' -f4 || true)
   layer=$(mktemp "$IMAGE_CACHE/.layer.XXXXXX")
   layer_of "$archive" "$layer"
-  # changes: the image config an imported rootfs lacks (PATH, the shell as default command).
+  # repo with the tag in it (Podman ignores a separate tag); changes: the image config an imported rootfs
+  # lacks (PATH, the shell as default command).
   API_TIMEOUT=600 api -X POST -H 'Content-Type: application/x-tar' -T "$layer" \
-    "http://docker/images/create?fromSrc=-&repo=$repo&tag=$tag&changes=ENV%20PATH=$IMAGE_ENV_PATH&changes=CMD%20%5B%22/bin/bash%22%5D" \
+    "http://docker/images/create?fromSrc=-&repo=$name&changes=ENV%20PATH=$IMAGE_ENV_PATH&changes=CMD%20%5B%22/bin/bash%22%5D" \
     >"$LOGS/image-import.log" || { rm -f "$layer"; die "importing $archive into dockerd failed (log: $LOGS/image-import.log)"; }
   rm -f "$layer"
   image_present "$name" || die "after the import dockerd has no image $name (log: $LOGS/image-import.log)"

@@ -6,6 +6,7 @@ InvalidRequest with the daemon's reason. Every method blocks: the backend runs t
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 
 from orchard.core.errors import BackendError, InvalidRequest
@@ -67,12 +68,20 @@ class Engine:
         repository, tag = _split_reference(image)
         try:
             log.info("pulling image %s", image)
-            self.api.pull(repository, tag=tag)
+            progress = self.api.pull(repository, tag=tag)
         except self._errors.APIError as e:
             raise InvalidRequest(f"image {image!r} is not on the Docker daemon at {self.base_url} and pulling "
                                  f"it failed: {_explanation(e)}; {_get_image_hint(image)}") from e
         except self._unreachable as e:
             raise self._daemon_error(f"pull image {image!r}", e) from e
+        # A failed pull may still answer 200, with the error inside its progress stream (Podman does).
+        try:
+            self.api.inspect_image(image)
+        except self._errors.ImageNotFound:
+            raise InvalidRequest(f"image {image!r} is not on the Docker daemon at {self.base_url} and pulling "
+                                 f"it failed: {_pull_error(progress)}; {_get_image_hint(image)}") from None
+        except self._unreachable as e:
+            raise self._daemon_error(f"look up image {image!r}", e) from e
 
     # --- containers ------------------------------------------------------------------------------------
 
@@ -81,6 +90,9 @@ class Engine:
         try:
             host_config = self.api.create_host_config(**host_options)
             container = self.api.create_container(name=name, host_config=host_config, **options)
+        except self._errors.ImageNotFound as e:  # removed since ensure_image looked
+            raise InvalidRequest(f"image {options['image']!r} is not on the Docker daemon at {self.base_url}: "
+                                 f"{_get_image_hint(options['image'])}") from e
         except self._errors.APIError as e:
             if e.status_code == 409:
                 raise InvalidRequest(f"a container named {name} already exists on the Docker daemon: "
@@ -158,6 +170,17 @@ def _split_reference(image: str) -> tuple[str, str | None]:
 def _get_image_hint(image: str) -> str:
     return (f"get it onto the daemon first (`docker pull {image}`, `docker load -i <archive>`, or for Orchard's "
             "Debian image `scripts/docker/daemon.sh image`), or set the backend's pull option")
+
+
+def _pull_error(progress: str) -> str:
+    """The error a pull's progress stream (JSON lines) reports, else its last line."""
+    lines = [line for line in str(progress or "").splitlines() if line.strip()]
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            message = json.loads(line)
+            if isinstance(message, dict) and message.get("error"):
+                return str(message["error"])
+    return lines[-1][:300] if lines else "the daemon reported nothing"
 
 
 def _explanation(e: Exception) -> str:
