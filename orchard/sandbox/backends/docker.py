@@ -79,8 +79,13 @@ class DockerBackend:
                     self._engine = engine
         return self._engine
 
-    def _dir(self, sandbox_id: str) -> SandboxDir:
-        return SandboxDir(self.instance_dir / sandbox_key(self.instance, sandbox_id))
+    def _dir(self, sandbox_id: str, recorded: str | None = None) -> SandboxDir:
+        """The sandbox's host directory: where a handle or label says (the run_dir may have changed since),
+        if that is a directory of this sandbox's key, else where this config puts it."""
+        key = sandbox_key(self.instance, sandbox_id)
+        if recorded and Path(recorded).is_absolute() and Path(recorded).name == key:
+            return SandboxDir(Path(recorded))
+        return SandboxDir(self.instance_dir / key)
 
     # --- create ----------------------------------------------------------------------------------------
 
@@ -168,7 +173,7 @@ class DockerBackend:
         engine = await self._setup()
         handle = _handle_of(sandbox)
         container = handle.container_id if handle else spec_of.container_name(self.instance, sandbox.id)
-        sandbox_dir = SandboxDir(Path(handle.run_dir)) if handle else self._dir(sandbox.id)
+        sandbox_dir = self._dir(sandbox.id, handle.run_dir if handle else None)
         async with self._burst:
             await self._call(self._remove, engine, container, sandbox_dir)
 
@@ -197,10 +202,10 @@ class DockerBackend:
                 handle = spec_of.DockerHandle(container_id=c["Id"], name=(c.get("Names") or ["/"])[0].lstrip("/"),
                                               run_dir=run_dir, owner=labels.get(spec_of.OWNER_LABEL, ""),
                                               deadline=deadline)
-                live.append(BackendSandbox(id=sandbox_id, agent_url=SandboxDir(Path(run_dir)).agent_url,
+                live.append(BackendSandbox(id=sandbox_id, agent_url=self._dir(sandbox_id, run_dir).agent_url,
                                            handle=handle.model_dump()))
             elif c.get("State") != "created" or now - created > STALE_LEFTOVER_S:
-                dead.append((sandbox_id, c["Id"], SandboxDir(Path(run_dir))))
+                dead.append((sandbox_id, c["Id"], self._dir(sandbox_id, run_dir)))
         for sandbox_id, container_id, sandbox_dir in dead:
             log.info("removing dead docker sandbox %s (container %s)", sandbox_id, container_id[:12])
             await self._call(self._remove, engine, container_id, sandbox_dir)
