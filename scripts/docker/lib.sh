@@ -65,7 +65,10 @@ bridge_subnet() {
 }
 
 setup_network() {
-  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then
+    [ "$(recorded bridge_created)" = "$BRIDGE" ] ||
+      die "the bridge $BRIDGE exists but this work dir did not make it (another daemon.sh work dir?): 'down' that one, or set ORCHARD_DOCKER_BRIDGE and ORCHARD_DOCKER_BRIDGE_ADDR"
+  else
     local clash
     clash=$(ip -o route show to match "${BRIDGE_ADDR%/*}" | grep -v '^default' || true)
     [ -z "$clash" ] || die "the bridge address $BRIDGE_ADDR is already routed ($clash); set ORCHARD_DOCKER_BRIDGE_ADDR"
@@ -95,8 +98,10 @@ ipt() {
     iptables -w -t "$table" -I "$chain" "$@" -m comment --comment "$TAG"
 }
 
+# Only what this work dir's `up` made: the rules' tag and the bridge name are per machine.
 teardown_network() {
   local table line args
+  [ "$(recorded bridge_created)" = "$BRIDGE" ] || return 0
   if have iptables-save; then
     for table in filter nat; do
       while IFS= read -r line; do
