@@ -44,7 +44,7 @@ from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server.models import ReconcileReport
 from orchard.sandbox.server.service import SandboxService, new_sandbox_id
 from orchard.sandbox.server.store import SandboxStore
-from orchard.sandbox.sync import LoopThread, SyncSandbox
+from orchard.sandbox.sync import LoopThread, SyncSandbox, SyncShellSession
 
 T = TypeVar("T")
 
@@ -141,6 +141,12 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = SETTLE_
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up after {timeout:g} s waiting for {what}")
         time.sleep(0.1)
+
+
+def process_state(sandbox: SyncSandbox, pid: str) -> str:
+    """The state letter of process `pid` in the sandbox (R, S, Z for a zombie...), "" when there is none."""
+    r = sandbox.exec(f"sed -n 's/.*) \\([A-Za-z]\\) .*/\\1/p' /proc/{pid}/stat 2>/dev/null; true")
+    return r.stdout.strip()
 
 
 def host_address() -> str | None:
@@ -360,8 +366,17 @@ class BackendConformance:
         r = sandbox.exec("sleep 300 & echo $!; sleep 300", timeout=1)
         assert r.timed_out and r.exit_code is None
         child = r.stdout.split()[0]
-        wait_until(lambda: sandbox.exec(f"kill -0 {child} 2>/dev/null || echo gone").stdout == "gone\n",
+        wait_until(lambda: process_state(sandbox, child) in ("", "Z"),
                    f"the timed-out command's child {child} to be killed")
+
+    def test_processes_left_behind_are_reaped_when_they_end(self, sandbox):
+        """A command's background process outlives it, ends, and must not stay a zombie: zombies fill the
+        process table (and count against max_processes) until the sandbox can start nothing."""
+        r = sandbox.exec("sleep 0.2 >/dev/null 2>&1 & echo $!")
+        orphan = r.stdout.split()[0]
+        wait_until(lambda: process_state(sandbox, orphan) == "",
+                   f"process {orphan}, which ended after its parent, to be reaped (it stays a zombie when "
+                   "the sandbox's init process does not reap orphans)", timeout=10)
 
     def test_exec_output_over_the_cap_is_truncated_and_reported(self, sandbox):
         r = sandbox.exec("head -c 100000 /dev/zero | tr '\\0' a; echo e >&2", max_output_bytes=1000)
@@ -376,25 +391,35 @@ class BackendConformance:
         timed = list(sandbox.exec_stream("echo started; sleep 300", timeout=1))
         assert timed[0].data == "started\n" and timed[-1].result.timed_out
 
-    def test_a_shell_session_keeps_its_state_and_can_be_interrupted(self, sandbox):
+    @pytest.fixture
+    def session(self, sandbox) -> Iterator[SyncShellSession]:
         session = sandbox.shell(f"conformance-{secrets.token_hex(3)}")
-        try:
-            assert session.run("cd / && export KEPT=42").exit_code == 0
-            r = session.run("pwd; echo $KEPT; false")
-            assert r.output == "/\n42\n" and r.exit_code == 1
-            timed = session.run("sleep 300; echo not-reached", timeout=1)
-            assert timed.timed_out and "not-reached" not in timed.output
-            marker = f"/tmp/conformance-interrupt-{secrets.token_hex(3)}"
-            with ThreadPoolExecutor(1) as pool:
-                pending = pool.submit(session.run, f"touch {marker}; sleep 300; echo not-reached")
-                wait_until(lambda: sandbox.exec(f"test -e {marker}").ok, "the session's command to start")
-                session.interrupt()
-                interrupted = pending.result(timeout=CALL_TIMEOUT_S)
-            assert not interrupted.timed_out and interrupted.exit_code != 0
-            assert "not-reached" not in interrupted.output
-            assert session.run("echo $KEPT; pwd").output == "42\n/\n"
-        finally:
-            session.close()
+        assert session.run("cd / && export KEPT=42").exit_code == 0
+        yield session
+        session.close()
+
+    def test_a_shell_session_keeps_its_directory_and_exports(self, session):
+        r = session.run("pwd; echo $KEPT; false")
+        assert r.output == "/\n42\n" and r.exit_code == 1
+        assert session.run("echo $KEPT; pwd").output == "42\n/\n"
+
+    def test_a_session_command_past_its_timeout_is_stopped_and_the_session_kept(self, session):
+        timed = session.run("sleep 300; echo not-reached", timeout=1)
+        assert timed.timed_out and timed.exit_code is None
+        assert "not-reached" not in timed.output, f"the rest of the command line ran after the timeout: {timed}"
+        assert session.run("echo $KEPT; pwd").output == "42\n/\n"
+
+    def test_an_interrupted_session_command_is_stopped_and_the_session_kept(self, sandbox, session):
+        marker = f"/tmp/conformance-interrupt-{secrets.token_hex(3)}"
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(session.run, f"touch {marker}; sleep 300; echo not-reached")
+            wait_until(lambda: sandbox.exec(f"test -e {marker}").ok, "the session's command to start")
+            session.interrupt()
+            interrupted = pending.result(timeout=CALL_TIMEOUT_S)
+        assert not interrupted.timed_out
+        assert "not-reached" not in interrupted.output and interrupted.exit_code != 0, \
+            f"the rest of the command line ran after the interrupt: {interrupted}"
+        assert session.run("echo $KEPT; pwd").output == "42\n/\n"
 
     # --- files -----------------------------------------------------------------------------------------
 
