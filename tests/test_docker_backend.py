@@ -278,11 +278,16 @@ async def test_a_dying_agent_fails_the_create_with_its_output(make_backend, base
 
 
 @pytest.mark.docker
-async def test_the_same_id_twice_is_refused_without_touching_the_first(make_backend):
+async def test_the_same_id_twice_is_refused_without_touching_the_first(make_backend, tmp_path):
     backend = make_backend()
     first = await backend.create("twice", _spec(), "t")
     with pytest.raises(InvalidRequest, match="already exists"):
         await backend.create("twice", _spec(), "t")
+    # Another orchestrator of the instance whose run_dir differs: its host directory is new, the daemon
+    # refuses the container name, and the first sandbox's container is left alone.
+    elsewhere = make_backend(run_dir=tmp_path / "e")
+    with pytest.raises(InvalidRequest, match="already exists"):
+        await elsewhere.create("twice", _spec(), "t")
     assert await backend.is_alive(first)
     assert (await _exec(first, "t", "echo still")).stdout == "still\n"
 

@@ -115,7 +115,9 @@ class DockerBackend:
                                           owner=owner, deadline=float(labels[spec_of.DEADLINE_LABEL]))
             return BackendSandbox(id=sandbox_id, agent_url=sandbox_dir.agent_url, handle=handle.model_dump())
         except BaseException:
-            await asyncio.shield(self._call(self._remove, engine, container_id or name, sandbox_dir))
+            # Only what this create made: a container of that name that it did not make is someone else's
+            # (a create cancelled mid-call leaves at most a never-started container, which list_live removes).
+            await asyncio.shield(self._call(self._remove, engine, container_id, sandbox_dir))
             raise
 
     def _make_dir(self, engine: Engine, sandbox_id: str, name: str, token: str) -> SandboxDir:
@@ -165,8 +167,9 @@ class DockerBackend:
 
     # --- delete / liveness / discovery -----------------------------------------------------------------
 
-    def _remove(self, engine: Engine, container: str, sandbox_dir: SandboxDir) -> None:
-        engine.remove(container)
+    def _remove(self, engine: Engine, container: str | None, sandbox_dir: SandboxDir) -> None:
+        if container:
+            engine.remove(container)
         sandbox_dir.remove()
 
     async def delete(self, sandbox: BackendSandbox) -> None:
