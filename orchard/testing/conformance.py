@@ -13,10 +13,22 @@ know. The local backend's (tests/conformance/test_local.py) is the whole of it:
             return lambda home: backend_config("local", home)
 
 Class attributes say what the sandboxes run on: `image` (default "host"; an OCI backend names an image with
-a POSIX shell and busybox or coreutils), `max_processes` and `memory_mb` (what the limit tests ask for).
-Adding the Docker backend is the same few lines: a `tests/conformance/test_docker.py` whose class sets
-`image` and whose fixture returns `lambda home: backend_config("docker", home, ...)` with whatever keeps
-two orchestrators' sandboxes apart, marked as its other tests are. See docs/conformance.md.
+a POSIX shell, busybox or coreutils, and python3, nc or bash for the network tests), `max_processes` and
+`memory_mb` (what the limit tests ask for). Adding the Docker backend is as many lines, in
+`tests/conformance/test_docker.py` (`require_docker` standing for however its other tests skip without a
+daemon, or fail with ORCHARD_DOCKER=1):
+
+    pytestmark = pytest.mark.docker
+
+    class TestDockerBackend(BackendConformance):
+        image = SOME_IMAGE_WITH_A_SHELL
+
+        @pytest.fixture(scope="class")
+        def make_backend_config(self):
+            require_docker()
+            return lambda home: backend_config("docker", home, instance=f"c{secrets.token_hex(4)}")
+
+See docs/conformance.md.
 
 A test is skipped only where the backend's `capabilities` say it lacks the thing tested (a network mode,
 a limit); asking for what it lacks must then be refused with InvalidRequest naming the backend, which is
@@ -56,7 +68,8 @@ SPEC_ENV = {"ORCHARD_CONFORMANCE": "spec-env"}
 # Connects to HOST PORT from inside a sandbox with whatever the image has; prints CONNECTED on success.
 TCP_PROBE = """
 if command -v python3 >/dev/null 2>&1; then
-  python3 -c 'import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5); print("CONNECTED")' "$1" "$2"
+  connect='import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)'
+  python3 -c "$connect" "$1" "$2" && echo CONNECTED
 elif command -v nc >/dev/null 2>&1; then
   nc -w 5 "$1" "$2" </dev/null && echo CONNECTED
 elif command -v bash >/dev/null 2>&1; then
@@ -466,6 +479,8 @@ class BackendConformance:
     # --- isolation -------------------------------------------------------------------------------------
 
     def test_host_files_outside_the_sandbox_are_invisible(self, orchestrator, sandbox, tmp_path):
+        """A file in the test's own temporary directory (pytest's, private to this user), and the
+        orchestrator's store."""
         secret = f"host-secret-{secrets.token_hex(8)}"
         (tmp_path / "secret.txt").write_text(secret)
         state = orchestrator.home / "state.db"  # the orchestrator's store: it holds every sandbox's token
