@@ -23,7 +23,7 @@ from orchard.sandbox.client import AsyncOrchard
 
 
 def test_built_in_backends_are_entry_points():
-    assert {"local", "kubernetes"} <= set(available_backends())
+    assert {"local", "kubernetes", "docker"} <= set(available_backends())
     assert backend_class("local").Config is LocalConfig
     assert backend_class("kubernetes").Config is KubernetesConfig
 
