@@ -430,8 +430,9 @@ class BackendConformance:
             session.interrupt()
             interrupted = pending.result(timeout=CALL_TIMEOUT_S)
         assert not interrupted.timed_out
-        assert "not-reached" not in interrupted.output and interrupted.exit_code != 0, \
-            f"the rest of the command line ran after the interrupt: {interrupted}"
+        assert "not-reached" not in interrupted.output, f"the rest of the command line ran after the interrupt: " \
+                                                          f"{interrupted}"
+        assert interrupted.exit_code == 130, interrupted  # like Ctrl-C (docs/agent-protocol.md)
         assert session.run("echo $KEPT; pwd").output == "42\n/\n"
 
     # --- files -----------------------------------------------------------------------------------------
@@ -521,6 +522,21 @@ class BackendConformance:
                 self._spec_for(orchestrator, network=NetworkPolicy(mode="open"))) as (_, sandbox):
             connected, output = probe_tcp(sandbox, address, port)
             assert connected, f"network 'open' did not reach {address}:{port} on the host: {output}"
+
+    def test_network_allowlist_reaches_only_what_it_allows(self, orchestrator):
+        if "allowlist" not in orchestrator.backend.capabilities.network_modes:
+            pytest.skip(f"the {orchestrator.backend.name} backend does not declare network mode 'allowlist'")
+        address = host_address()
+        if address is None:
+            pytest.skip("this machine has no non-loopback IPv4 address for the sandbox to reach")
+        with tcp_server() as allowed, tcp_server() as other:
+            spec = self._spec_for(orchestrator, network=NetworkPolicy(mode="allowlist",
+                                                                      allow=[f"{address}:{allowed}"]))
+            with orchestrator.sandbox(spec) as (_, sandbox):
+                connected, output = probe_tcp(sandbox, address, allowed)
+                assert connected, f"network 'allowlist' did not reach the allowed {address}:{allowed}: {output}"
+                connected, output = probe_tcp(sandbox, address, other)
+                assert not connected, f"network 'allowlist' reached {address}:{other}, not allowed: {output}"
 
     # --- limits ----------------------------------------------------------------------------------------
 
