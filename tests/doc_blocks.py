@@ -44,7 +44,8 @@ def check_cli_lines(doc: Path) -> None:
         for text in code.splitlines():
             words = shlex.split(text, comments=True)
             if words[:1] == ["orchard"]:
-                result = runner.invoke(app, [*words[1:], "--help"])
+                args = words[1:words.index("--")] if "--" in words else words[1:]  # what follows `--` is a command
+                result = runner.invoke(app, [*args, "--help"])
                 assert result.exit_code == 0, f"{doc.name}:{line}: {text!r}: {result.output}"
             elif words[:3] == ["pip", "install", "-e"]:
                 assert (ROOT / words[3] / "pyproject.toml").is_file(), f"{doc.name}:{line}: {text!r}"
