@@ -216,13 +216,37 @@ async def test_ordinary_work_still_runs_as_the_sandbox_root(backend):
         assert (await agent.read_file("sub/a.txt")) == b"data\n"
 
 
-# ---- item 7 of the issue (in part): the workload cannot tamper with its agent's memory ---------------------
+# ---- item 7 of the issue: the workload cannot take down or tamper with its own agent ----------------------
+
+# The pids in the workload's /proc whose command line is the agent's (the pattern does not match itself).
+AGENT_PIDS = "grep -l 'orchard_[a]gent' /proc/[0-9]*/cmdline | cut -d/ -f3 | sort -n | tr '\\n' ' '"
+
+
+def host_status(pid: int) -> dict[str, str]:
+    return dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+
+
+def init_host_pid(sb) -> int:
+    """The workload's pid namespace init, as the host sees it: the agent's child named orchard-init."""
+    from orchard.sandbox.backends.local_state import children_of
+
+    inits = [pid for pid in children_of(agent_host_pid(sb))
+             if Path(f"/proc/{pid}/comm").read_text().strip() == "orchard-init"]
+    assert len(inits) == 1, inits
+    return inits[0]
+
 
 async def test_the_workload_cannot_open_its_agents_memory(backend):
-    """The agent changed its uid before serving, which makes it non-dumpable: its /proc files that give
-    its memory, environment and descriptors are closed to the workload, though both are uid 0 inside."""
+    """Nothing of the agent's can be read or traced from the workload: as root's, the agent has no pid in
+    the workload's pid namespace (its /proc lists only the namespace's init, a fork of the agent running
+    as a uid of its own); either way the agent is non-dumpable (it changed its uid before serving), so
+    its /proc files that give its memory, environment and descriptors are closed to the workload."""
     async with running(backend) as (_, agent):
-        pid = (await agent.health())["pid"]
+        health = await agent.health()
+        separate = health["workload_pid_namespace"] == "separate"
+        pids = (await agent.exec(AGENT_PIDS)).stdout.split()
+        assert pids == (["1"] if separate else [str(health["pid"])])
+        pid = pids[0]
         for attack in (f"python3 -c \"open('/proc/{pid}/mem', 'r+b')\"", f"cat /proc/{pid}/environ",
                        f"ls -l /proc/{pid}/fd/", f"cat /proc/{pid}/maps"):
             r = await agent.exec(attack)
@@ -230,6 +254,109 @@ async def test_the_workload_cannot_open_its_agents_memory(backend):
         r = await agent.exec(f"strace -p {pid} -o /dev/null", timeout=30)  # ptrace: refused as well
         assert r.exit_code != 0 and "ermitted" in r.stderr, r
         assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
+
+
+@needs_root
+async def test_the_workload_cannot_stop_or_kill_its_agent(backend):
+    """The workload shares the agent's uid, but runs in a pid namespace of its own where the agent has no
+    pid: kill(2) cannot name it, kill(-1) skips it, and the namespace's init (pid 1, another uid) gets no
+    signal from inside. After every attack the agent answers, and was never stopped."""
+    async with running(backend) as (sb, agent):
+        assert (await agent.health())["workload_pid_namespace"] == "separate"
+        agent_pid, init_pid = agent_host_pid(sb), init_host_pid(sb)
+        for attack in ("for p in $(" + AGENT_PIDS + "); do kill -STOP $p; kill -KILL $p; done",
+                       "kill -STOP -1; kill -CONT -1", "kill -KILL -1", "kill -INT 1; kill -TERM 1",
+                       "python3 -c 'import os, signal; os.kill(-1, signal.SIGSTOP)'",
+                       "strace -p 1 -o /dev/null || gdb -p 1 -batch || false"):
+            await agent.exec(attack, timeout=30)
+            assert host_status(agent_pid)["State"].split()[0] in ("S", "R"), attack
+            assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n", attack
+        assert process_alive(init_pid)
+        # The workload's own processes are still its to signal, by the pids it sees.
+        r = await agent.exec("sleep 30 & kill -STOP $! && kill -KILL $! && wait $!; echo $?; "
+                             "sleep 30 & pkill -x sleep; wait $!; echo $?")
+        assert r.stdout == "137\n143\n", r
+
+
+def has_cap_sys_resource() -> bool:
+    return bool(int(host_status(os.getpid())["CapEff"], 16) & (1 << 24))
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        return host_status(pid)["State"].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@needs_root
+async def test_pids_agree_inside_and_orphans_are_reaped(backend):
+    """In the workload's namespace, $$, /proc and ps tell the same pids (its /proc is its own), and what
+    a command leaves behind is reaped by the namespace's init, not left a zombie."""
+    async with running(backend) as (_, agent):
+        r = await agent.exec("echo $$ $(cut -d' ' -f4 /proc/self/stat) $(ps -o ppid= -p $(sh -c 'echo $PPID'))")
+        first, ppid, ps_ppid = r.stdout.split()
+        assert first == ppid, r
+        r = await agent.exec("for i in 1 2 3 4 5; do (sleep 0.1 &); done; sleep 1; "
+                             "ps -eo stat=,pid=,comm= | grep '^Z' | wc -l; ps -o user=,comm= -p 1")
+        assert r.stdout.split() == ["0", "nobody", "orchard-init"], r
+        s = await (await agent.shell("s")).run("echo $$ && sleep 0.1")  # sessions work as before
+        assert s.exit_code == 0 and s.output.strip().isdigit()
+
+
+@needs_root
+async def test_when_the_workloads_init_dies_the_sandbox_is_lost(backend):
+    """Without its init, nothing can start in the workload's namespace any more (fork fails with ENOMEM):
+    the agent then exits, saying why, so the sandbox is seen as lost instead of failing every command."""
+    import asyncio
+
+    async with running(backend) as (sb, agent):
+        os.kill(init_host_pid(sb), 9)
+        for _ in range(100):
+            if not await backend.is_alive(sb):
+                break
+            await asyncio.sleep(0.05)
+        assert not await backend.is_alive(sb)
+        log = (Path(sb.handle["sandbox_dir"]) / "agent.log").read_text()
+        assert "pid namespace init" in log and "exits" in log, log
+
+
+@needs_root
+async def test_without_cap_sys_admin_the_agent_serves_as_before(backend, monkeypatch):
+    """Where the agent cannot make a pid namespace (no CAP_SYS_ADMIN, as in a container), it says why
+    and serves as before, its commands in its own namespace; /health tells which case it is."""
+    from orchard.sandbox.backends import bwrap
+
+    monkeypatch.setattr(bwrap, "AGENT_SETUP_CAPS", tuple(c for c in bwrap.AGENT_SETUP_CAPS if c != "CAP_SYS_ADMIN"))
+    async with running(backend) as (sb, agent):
+        health = await agent.health()
+        assert health["workload_pid_namespace"] == "shared"
+        assert (await agent.exec(AGENT_PIDS)).stdout.split() == ["1", str(health["pid"])]  # bwrap's, its own
+        assert (await agent.exec("echo ok")).stdout == "ok\n"
+        s = await (await agent.shell("s")).run("cd /tmp && pwd")
+        assert s.output == "/tmp\n"
+        log = (Path(sb.handle["sandbox_dir"]) / "agent.log").read_text()
+        assert "share the agent's pid namespace (unshare(CLONE_NEWPID): Operation not permitted)" in log, log
+
+
+@needs_root
+async def test_the_workload_cannot_make_the_oom_killer_pick_its_agent(backend):
+    """The workload cannot raise the oom_score_adj of any process of the agent's side (the agent has no
+    /proc entry it can see; the init's are another uid's), so a memory hog at the sandbox's limit is what
+    the OOM killer ends; the agent and the init stay."""
+    async with running(backend, SandboxSpec(memory_mb=128)) as (sb, agent):
+        init_pid = init_host_pid(sb)
+        if has_cap_sys_resource():  # the backend exempts the init from the OOM killer where it can
+            assert Path(f"/proc/{init_pid}/oom_score_adj").read_text().strip() == "-1000"
+        theirs = (await agent.exec(AGENT_PIDS)).stdout.split()
+        r = await agent.exec("for f in /proc/[0-9]*/oom_score_adj; do echo 1000 > $f 2>/dev/null && echo $f; "
+                             "done; true")
+        raised = {line.split("/")[2] for line in r.stdout.split()}
+        assert raised and not raised & set(theirs), (raised, theirs)  # only its own
+        r = await agent.exec("python3 -c 'b = bytearray(400 << 20); print(len(b))'", timeout=120)
+        assert r.exit_code == 137, r
+        assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
+        assert process_alive(init_pid)
 
 
 # ---- item 7 of the issue: the workload cannot take down its agent, nor can token-less clients ---------------

@@ -1,8 +1,10 @@
 """Start the agent: `python -m orchard_agent --listen unix:PATH|tcp:HOST:PORT|fd:N [--workdir DIR]
-[--user UID:GID [--agent-user UID:GID]]`.
+[--user UID:GID [--agent-user UID:GID] [--init-user UID:GID]]`.
 
 `--user`: the commands' user, and `--agent-user` the agent's own, set before anything is served; see
-identity.py.
+identity.py. With `--user`, the agent first tries to give its commands a pid namespace of their own, in
+which it has no pid (they cannot signal it); `--init-user` is the uid of that namespace's init (default:
+the commands'); see pidns.py.
 
 The token comes from ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN; both, and the
 PYTHONHOME/PYTHONPATH the agent was started with, are removed from the environment its children get. Once
@@ -65,15 +67,16 @@ def _parse_with_argparse(argv):
     parser.add_argument("--workdir", default=None, help="default cwd for commands and relative paths")
     parser.add_argument("--user", default=None, help="UID:GID the commands run as (see identity.py)")
     parser.add_argument("--agent-user", default=None, help="UID:GID of the agent itself")
+    parser.add_argument("--init-user", default=None, help="UID:GID of the commands' pid namespace init")
     args = parser.parse_args(argv)
-    return args.listen, args.workdir, args.user, args.agent_user
+    return args.listen, args.workdir, args.user, args.agent_user, args.init_user
 
 
 def parse_args(argv):
     """(listen, workdir). The command lines backends write (`--listen X --workdir Y`, or `--opt=X`) are
     read directly; anything else (--help, a typo, a missing value) goes to argparse, whose import (~1.5 ms)
     every sandbox's start would otherwise pay."""
-    options = {"--listen": None, "--workdir": None, "--user": None, "--agent-user": None}
+    options = {"--listen": None, "--workdir": None, "--user": None, "--agent-user": None, "--init-user": None}
     i = 0
     while i < len(argv):
         name, equals, value = argv[i].partition("=")
@@ -86,22 +89,30 @@ def parse_args(argv):
         i += 1
     if options["--listen"] is None:
         return _parse_with_argparse(argv)
-    return options["--listen"], options["--workdir"], options["--user"], options["--agent-user"]
+    return (options["--listen"], options["--workdir"], options["--user"], options["--agent-user"],
+            options["--init-user"])
 
 
 def main(argv=None):
-    listen, workdir_arg, user, agent_user = parse_args(sys.argv[1:] if argv is None else argv)
+    listen, workdir_arg, user, agent_user, init_user = parse_args(sys.argv[1:] if argv is None else argv)
 
     token = _read_token()  # first: once the agent has its identity, the token file is no longer readable
     if user:
-        from . import identity
+        from . import identity, pidns
 
         try:
+            why_not = pidns.separate(user, init_user)  # needs CAP_SYS_ADMIN, which become() drops
+            if why_not:
+                sys.stderr.write("orchard-agent: commands share the agent's pid namespace (%s)\n" % why_not)
             identity.become(user, agent_user)
+            pidns.finish(user, agent_user)
         except identity.IdentityError as exc:
             _fail(str(exc))
-    elif agent_user:
-        _fail("--agent-user needs --user (the commands' user)")
+        except OSError as exc:
+            _fail("cannot set up the commands' pid namespace: %s" % exc)
+        pidns.watch_init()
+    elif agent_user or init_user:
+        _fail("--agent-user and --init-user need --user (the commands' user)")
     for name in SCRUBBED_ENV:
         os.environ.pop(name, None)
     workdir = os.path.abspath(workdir_arg or os.getcwd())

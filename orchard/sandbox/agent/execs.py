@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 
-from . import fields, identity
+from . import fields, identity, pidns
 from .wire import ApiError, bad_request
 
 EXEC_FIELDS = ("command", "cwd", "env", "stdin", "timeout", "max_output_bytes")
@@ -63,7 +63,7 @@ class CommandRun:
         self.spawn_error = None
         self.proc = None
         try:
-            self.proc = subprocess.Popen(
+            self.proc = pidns.popen(
                 spec.argv, cwd=spec.cwd, env=spec.env, start_new_session=True, close_fds=True,
                 stdin=subprocess.DEVNULL if spec.stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, **identity.CHILD)
@@ -71,8 +71,7 @@ class CommandRun:
             # Reported like a shell would (127 not found / 126 not executable), as the command's own result.
             self.spawn_error = exc
         except OSError as exc:
-            raise ApiError(500, "error", "could not start the command: %s (is the sandbox out of "
-                                         "processes or memory?)" % exc)
+            raise ApiError(500, "error", "could not start the command: %s (%s)" % (exc, pidns.spawn_hint()))
 
     # -- driving ---------------------------------------------------------------------------------
     def pump(self, emit):

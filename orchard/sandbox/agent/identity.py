@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from . import pidns
+
 # Keyword arguments of subprocess.Popen for every command and shell: who they run as (empty: as the agent).
 CHILD = {}
 
@@ -39,9 +41,10 @@ def parse_ids(text: str, option: str):
         raise IdentityError("%s must be UID:GID, not %r" % (option, text))
 
 
-def _libc():
-    """prctl, capset, setfsuid and setfsgid of the C library, through `_ctypes` alone: `import ctypes`
-    costs every sandbox start several milliseconds, these few lines about one."""
+def _libc(names=("prctl", "capset", "setfsuid", "setfsgid")):
+    """Functions of the C library (by default prctl, capset, setfsuid and setfsgid), through `_ctypes`
+    alone: `import ctypes` costs every sandbox start several milliseconds, these few lines about one.
+    Arguments are passed as C ints unless wrapped (`ulong`); bytes as `char *`, None as NULL."""
     import _ctypes
 
     class c_int(_ctypes._SimpleCData):
@@ -53,23 +56,32 @@ def _libc():
 
     handle = _ctypes.dlopen(None, 0)
     return {name: Function(_ctypes.dlsym(handle, name))
-            for name in ("prctl", "capset", "setfsuid", "setfsgid")}, _ctypes
+            for name in names}, _ctypes
 
 
-def _status() -> dict:
-    with open("/proc/self/status") as f:
-        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-
-
-def become(user: str, agent_user: str = None):
-    """See the module's docstring. Must run before any thread starts (the uid changes are per process,
-    the file system ids are inherited by threads started afterwards)."""
-    uid, gid = parse_ids(user, "--user")
-    own_uid, own_gid = parse_ids(agent_user, "--agent-user") if agent_user else (uid, gid)
-    libc, _ctypes = _libc()
+def ulong_type():
+    import _ctypes
 
     class ulong(_ctypes._SimpleCData):
         _type_ = "L"
+
+    return ulong
+
+
+def _status(which: str = "self/status") -> dict:
+    with pidns.open_proc(which) as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def become(user: str, agent_user: str = None, thread_only: bool = False):
+    """See the module's docstring. Must run before any thread starts (the uid changes are per process,
+    the file system ids are inherited by threads started afterwards). `thread_only`: in a thread started
+    before (pidns.py's spawner), once the main thread has become the user: capabilities, bounding set and
+    file system ids are per thread, so such a thread sets its own the same way."""
+    uid, gid = parse_ids(user, "--user")
+    own_uid, own_gid = parse_ids(agent_user, "--agent-user") if agent_user else (uid, gid)
+    libc, _ctypes = _libc()
+    ulong = ulong_type()
 
     class uint32(_ctypes._SimpleCData):
         _type_ = "I"
@@ -87,9 +99,10 @@ def become(user: str, agent_user: str = None):
         check(libc["capset"](header, data_type(low, low, 0, high, high, 0)), "capset")
 
     try:
-        os.setgroups([])
-        os.setresgid(own_gid, own_gid, own_gid)
-        os.setresuid(own_uid, own_uid, own_uid)
+        if not thread_only:  # (the C library applies these to every thread of the process)
+            os.setgroups([])
+            os.setresgid(own_gid, own_gid, own_gid)
+            os.setresuid(own_uid, own_uid, own_uid)
     except OSError as exc:
         raise IdentityError("cannot become uid %d gid %d: %s (the agent needs CAP_SETUID and CAP_SETGID)"
                             % (own_uid, own_gid, exc.strerror))
@@ -106,7 +119,7 @@ def become(user: str, agent_user: str = None):
         libc["setfsgid"](gid)
         libc["setfsuid"](uid)
         CHILD.update(user=uid, group=gid, extra_groups=[])
-    status = _status()
+    status = _status("thread-self/status" if thread_only else "self/status")
     caps = {name: int(status[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
     expected = {"CapInh": 0, "CapPrm": keep, "CapEff": keep, "CapBnd": 0, "CapAmb": 0}
     ids_ok = (status["Uid"].split() == [str(own_uid)] * 3 + [str(uid)]

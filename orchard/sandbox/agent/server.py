@@ -13,7 +13,7 @@ import stat
 import threading
 import time
 
-from . import VERSION, execs, files, http1, sessions, tars
+from . import VERSION, execs, files, http1, pidns, sessions, tars
 from .wire import ApiError, Request, log_error, unquote
 
 try:
@@ -40,7 +40,7 @@ AUTHENTICATED_TIMEOUT_S = 120.0
 
 
 def health(req) -> dict:
-    return {"status": "ok", "version": VERSION, "pid": os.getpid()}
+    return {"status": "ok", "version": VERSION, "pid": os.getpid(), "workload_pid_namespace": pidns.health()}
 
 
 EXACT_ROUTES = {

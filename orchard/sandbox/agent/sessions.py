@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 
-from . import execs, fields, identity
+from . import execs, fields, identity, pidns
 from .wire import ApiError, bad_request, not_found
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -76,9 +76,9 @@ def _shell_argv(env: dict):
 
 
 def _group_members(pgid: int):
-    """Pids in process group `pgid` (from /proc), or None when /proc cannot be read."""
+    """Pids in process group `pgid` (from the agent's /proc), or None when /proc cannot be read."""
     try:
-        entries = os.listdir("/proc")
+        entries = pidns.listdir_proc()
     except OSError:
         return None
     pids = []
@@ -86,7 +86,7 @@ def _group_members(pgid: int):
         if not entry.isdigit():
             continue
         try:
-            with open("/proc/%s/stat" % entry, "rb") as f:
+            with pidns.open_proc("%s/stat" % entry, "rb") as f:
                 stat = f.read()
         except OSError:
             continue  # exited meanwhile
@@ -108,7 +108,7 @@ class ShellSession:
 
     def _start(self, cwd: str):
         executable, argv, self.is_bash = _shell_argv(self.env)
-        self.proc = subprocess.Popen(
+        self.proc = pidns.popen(
             argv, executable=executable, cwd=cwd, env=self.env, start_new_session=True, close_fds=True,
             bufsize=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             **identity.CHILD)
@@ -232,7 +232,7 @@ class ShellSession:
 
     def _shell_cwd(self) -> str:
         try:
-            return os.readlink("/proc/%d/cwd" % self.proc.pid)
+            return pidns.readlink_proc("%d/cwd" % self.proc.pid)
         except OSError:
             return self.cwd
 
@@ -306,7 +306,7 @@ class SessionRegistry:
             try:
                 self.sessions[name] = ShellSession(name, cwd, env)
             except OSError as exc:
-                raise ApiError(500, "error", "could not start a shell: %s" % exc)
+                raise ApiError(500, "error", "could not start a shell: %s (%s)" % (exc, pidns.spawn_hint()))
         return {"name": name}
 
     def delete(self, name: str):

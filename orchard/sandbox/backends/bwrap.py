@@ -54,7 +54,12 @@ REMAP_COUNT = 65535
 SANDBOX_USER = "0:0"  # what the commands run as inside: root of the sandbox, host 100000
 # The agent's own with `agent_apart`: one its commands cannot signal, trace or read (host 165533).
 AGENT_USER = "65533:65533"
-AGENT_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL")
+# The init of the commands' pid namespace (see the agent's pidns.py): a uid of its own, so that its /proc
+# files are not the workload's (host 165534).
+INIT_USER = "65534:65534"
+# CAP_SYS_ADMIN: for the agent's unshare(CLONE_NEWPID) and its init's /proc mount; dropped, with the
+# rest, bounding set included, before either runs anything of the workload's.
+AGENT_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL", "CAP_SYS_ADMIN")
 
 
 def remaps_ids() -> bool:

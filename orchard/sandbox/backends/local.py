@@ -32,12 +32,13 @@ from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import cgroups
-from orchard.sandbox.backends.bwrap import (AGENT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths, bwrap_args,
-                                            find_bwrap, id_map, remaps_ids, sandbox_env, validate_disk,
-                                            validate_image, validate_network)
+from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
+                                            bwrap_args, find_bwrap, id_map, remaps_ids, sandbox_env,
+                                            validate_disk, validate_image, validate_network)
 from orchard.sandbox.backends.local_config import AGENT_APART_ENV, LocalConfig, local_capabilities
-from orchard.sandbox.backends.local_launch import (check_health, launch_argv, read_info, release_userns,
-                                                   spawn, wait_ready_line, writable_subdirs)
+from orchard.sandbox.backends.local_launch import (check_health, launch_argv, protect_workload_init,
+                                                   read_info, release_userns, spawn, wait_ready_line,
+                                                   writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
 from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
@@ -208,7 +209,7 @@ class LocalBackend:
 
             agent_argv = bundle.launch_argv(listen=f"fd:{listener.fileno()}", workdir=spec.workdir)
             if remap:
-                agent_argv += ["--user", SANDBOX_USER]
+                agent_argv += ["--user", SANDBOX_USER, "--init-user", INIT_USER]
                 if self.agent_apart:
                     agent_argv += ["--agent-user", AGENT_USER]
             owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
@@ -241,6 +242,8 @@ class LocalBackend:
             except TimeoutError:
                 raise BackendError(f"the agent did not start within {self.ready_timeout_s:g} s") from None
             await check_health(paths.socket, HEALTH_TIMEOUT_S)
+            if remap and handle.init_pid:
+                protect_workload_init(handle.init_pid)
             return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=handle.model_dump())
         except BaseException as e:
             if listener is not None:

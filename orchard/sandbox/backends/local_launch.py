@@ -226,3 +226,51 @@ async def check_health(socket: Path, timeout: float) -> None:
     if status_line.split(" ")[1:2] != ["200"] or not isinstance(answer, dict) or answer.get("status") != "ok":
         raise BackendError(f"the agent's /health answered {status_line or 'nothing'!r}: "
                            f"{body[:200].decode(errors='replace')}")
+
+
+WORKLOAD_INIT_NAME = "orchard-init"
+_init_protection_warned = False
+
+
+def _thread_children(pid: int) -> list[int]:
+    """Children of every thread of `pid` (/proc/PID/task/*/children), [] when it is gone."""
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(child) for child in f.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def protect_workload_init(sandbox_init_pid: int) -> bool:
+    """Exempt the init of the workload's pid namespace (the agent's child named orchard-init, see the
+    agent's pidns.py) from the OOM killer: oom_score_adj -1000, which only a holder of CAP_SYS_RESOURCE
+    over the host (the backend as root) may set. It never forks, so nothing inherits it, and its /proc
+    files are another uid's than the workload's, so the workload cannot raise it again. Killing it would
+    kill every process of the workload and end the agent. False when there is no such init (the agent
+    could not separate its commands) or the setting failed (without CAP_SYS_RESOURCE, as in a container
+    that drops it: logged once)."""
+    global _init_protection_warned
+    for agent in _thread_children(sandbox_init_pid):
+        for child in _thread_children(agent):
+            try:
+                with open(f"/proc/{child}/comm") as f:
+                    if f.read().strip() != WORKLOAD_INIT_NAME:
+                        continue
+                with open(f"/proc/{child}/oom_score_adj", "w") as f:
+                    f.write("-1000")
+                return True
+            except OSError as e:
+                if not _init_protection_warned:
+                    _init_protection_warned = True
+                    log.warning("could not exempt the workload's pid namespace init (host pid %d) from the "
+                                "OOM killer: %s (lowering oom_score_adj needs CAP_SYS_RESOURCE); sandboxes "
+                                "run without that exemption", child, e)
+                return False
+    return False
