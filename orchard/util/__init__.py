@@ -1,4 +1,5 @@
-"""Small helpers every layer of Orchard shares: atomic file writes (`files`), logging setup (`logs`),
+"""Small helpers every layer of Orchard shares, one copy each: atomic file writes (`files`), user config
+files (`config_files`), environment flags (`env`), lazy package exports (`lazy`), logging setup (`logs`),
 serving an ASGI app from a thread (`uvicorn_thread`) and the JSON error responses of Orchard's HTTP
 services (`http_errors`).
 
