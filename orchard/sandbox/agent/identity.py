@@ -8,9 +8,11 @@ signal, trace or read (/proc/<agent>/mem): it becomes A, keeping only CAP_SETUID
 commands as UID:GID) and CAP_KILL (to stop them); its bounding set is emptied, so no command can ever
 gain a capability; and its file system uid and gid are UID:GID, so files it reads and writes for clients
 are checked and owned as the commands' own would be. Both start from the capabilities CAP_SETUID,
-CAP_SETGID, CAP_SETPCAP (and CAP_KILL for the split), as the local backend starts the agent.
+CAP_SETGID, CAP_SETPCAP (and CAP_KILL for the split), as the local backend starts the agent (which also
+gives CAP_SYS_ADMIN, for pidns.py, dropped here with the rest).
 
-Every step is checked in /proc/self/status; any failure ends the agent (exit status 2)."""
+Every step is checked in /proc/self/status (/proc/thread-self/status for a thread: `thread_only`); any
+failure ends the agent (exit status 2)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ What the arguments do:
   range 100000-165534 (`id_map`): the sandbox's root is host uid 100000, which reads host files only as
   any unprivileged user would. The map is written by the backend while bwrap waits (`--userns-block-fd`).
   Host root is mapped too, as uid 65535, only because bwrap sets the sandbox up as host root (it must
-  reach Orchard's private directories); the agent starts as that uid with CAP_SETUID/SETGID/SETPCAP
-  alone and, before serving, becomes uid 0 of the sandbox (host 100000) and drops every capability,
+  reach Orchard's private directories); the agent starts as that uid with CAP_SETUID/SETGID/SETPCAP/
+  KILL/SYS_ADMIN alone, makes the workload's own pid namespace (the agent's pidns.py; its init becomes
+  uid 65534) and, before serving, becomes uid 0 of the sandbox (host 100000) and drops every capability,
   bounding set included (`--user 0:0`), so nothing in the sandbox can become 65535 again;
 - image `host`: the root is an empty read-only tmpfs holding read-only binds of the host's top-level
   directories, so nothing can be created on the host (a plain `--ro-bind / /` makes bwrap mkdir mount
