@@ -55,13 +55,13 @@ class KubernetesConfig(BackendConfig):
                                    **{k: v for k, v in values.items() if v is not None}})
 
 
-def k8s_capabilities(pod_pids_limit: int | None) -> BackendCapabilities:
+def k8s_capabilities(pod_pids_limit: int | None, default_image: str | None) -> BackendCapabilities:
     """Every network mode (NetworkPolicy plus the in-Pod egress guard), cpu/memory/disk as container
-    limits, max_processes only with a declared node `pod_pids_limit`; OCI images ('host' is the default
-    image)."""
+    limits, max_processes only with a declared node `pod_pids_limit`; OCI images, and 'host' when a
+    `default_image` says what it means."""
     limits = {"cpu", "memory_mb", "disk_mb"} | ({"max_processes"} if pod_pids_limit else set())
     return BackendCapabilities(network_modes=frozenset({"none", "allowlist", "open"}), limits=frozenset(limits),
-                               image_kinds=frozenset({"oci", "host"}))
+                               image_kinds=frozenset({"oci", "host"} if default_image else {"oci"}))
 
 
 def check_pids(spec: SandboxSpec, pod_pids_limit: int | None) -> None:

@@ -150,6 +150,9 @@ def pod_manifest(sandbox_id: str, spec: SandboxSpec, *, instance: str, owner: st
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "hostname": sandbox_id[:63],
+            # The pause container is then PID 1 of the Pod and reaps the processes a command leaves behind;
+            # otherwise the agent would be PID 1 and they would stay zombies, counting against the pids cap.
+            "shareProcessNamespace": True,
             "initContainers": [*([egress_guard] if egress_guard is not None else []), injector],
             "containers": [sandbox],
             "volumes": [{"name": BUNDLE_VOLUME, "emptyDir": {}},

@@ -73,7 +73,7 @@ class KubernetesBackend:
         self.ready_timeout_s, self.health_timeout_s = ready_timeout_s, health_timeout_s
         self.egress_guard = egress_guard
         self.pod_pids_limit = pod_pids_limit
-        self.capabilities = k8s_capabilities(pod_pids_limit)
+        self.capabilities = k8s_capabilities(pod_pids_limit, default_image)
         self.selector = k8s_pods.instance_selector(instance)
         self._executor = ThreadPoolExecutor(max_workers=max_parallel + 4, thread_name_prefix="orchard-k8s")
         self._burst = asyncio.Semaphore(max_parallel)
