@@ -28,6 +28,7 @@ from orchard.core.backend import BackendConfig
 from orchard.core.errors import InvalidRequest
 from orchard.core.harness import Harness, SamplingParams, get_harness
 from orchard.core.jsonl import write_jsonl
+from orchard.core.sandbox import SandboxFactory
 from orchard.core.task import Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
@@ -86,7 +87,7 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
                    gateway_config: GatewayConfig, task_ids: list[str] | None = None, parallel: int = 4,
                    harness_options: dict[str, Any] | None = None, sampling: SamplingParams | None = None,
                    timeouts: TrialTimeouts | None = None, task_timeout_s: float | None = None,
-                   orchard_url: str | None = None, orchard_client: AsyncOrchard | None = None,
+                   orchard_url: str | None = None, orchard_client: SandboxFactory | None = None,
                    backend: BackendConfig | str | None = None, listener: EvalListener | None = None) -> EvalResults:
     """Evaluate and return the results (also in `out_dir`). Everything a user can get wrong (unknown
     harness, suite or task, an output directory holding another configuration or a file) is refused
@@ -172,7 +173,7 @@ class _Run:
                              interrupted=interrupted, elapsed_s=round(elapsed, 3))
 
     async def execute(self, gateway_config: GatewayConfig, parallel: int, orchard_url: str | None,
-                      orchard_client: AsyncOrchard | None, backend: BackendConfig | str | None) -> EvalResults:
+                      orchard_client: SandboxFactory | None, backend: BackendConfig | str | None) -> EvalResults:
         self.out.mkdir(parents=True, exist_ok=True)
         write_config(self.out, self.settings.config())
         self._recover_interrupted()

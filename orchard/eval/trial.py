@@ -37,6 +37,7 @@ from orchard.core.errors import (
 from orchard.core.harness import Harness, ModelConfig, SamplingParams, setup_harness
 from orchard.core.policy import RolloutHooks
 from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord, is_agent_outcome
+from orchard.core.sandbox import Sandbox, SandboxFactory
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
 from orchard.eval.grading import grade_script, grade_swe_patch
@@ -47,8 +48,6 @@ from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.step_links import link_steps_to_calls
 from orchard.eval.suites import LOAD_ERROR_KEY
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
-from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.client import AsyncOrchard
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ class TrialRig:
     model: str
     sampling: SamplingParams
     timeouts: TrialTimeouts
-    orch: AsyncOrchard
+    orch: SandboxFactory
     gateway: LocalGateway
     agent_slots: asyncio.Semaphore  # trials whose agent runs at once
     grading_slots: asyncio.Semaphore  # gradings beside them: a finished agent's slot goes to the next trial
@@ -105,7 +104,7 @@ class Trial:
         self.deadline = self.started + self.rig.timeouts.trial_s
         trajectory: Trajectory | None = None
         patch: str | None = None
-        sandbox: AgentSandbox | None = None
+        sandbox: Sandbox | None = None
         try:
             sandbox, base = await self._phase("environment", self.rig.timeouts.environment_s, self._environment,
                                               on_error=_environment_status)
@@ -124,7 +123,7 @@ class Trial:
                 await _close_quietly(sandbox)
         return trajectory, patch
 
-    async def _environment(self) -> tuple[AgentSandbox, str | None]:
+    async def _environment(self) -> tuple[Sandbox, str | None]:
         problem = self.task.metadata.get(LOAD_ERROR_KEY)
         if problem:
             raise InvalidRequest(str(problem))
@@ -138,7 +137,7 @@ class Trial:
             await _close_quietly(sandbox)
             raise
 
-    async def _agent(self, sandbox: AgentSandbox) -> Trajectory:
+    async def _agent(self, sandbox: Sandbox) -> Trajectory:
         """The agent's run, cut off at its deadline. Whatever happens the trajectory comes back: the
         harness's own, or (timeout, crash) the steps rebuilt from the gateway's records."""
         budget = self._agent_budget()
@@ -188,7 +187,7 @@ class Trial:
                                                                  else "error"), error)
         return trajectory
 
-    async def _after_agent(self, sandbox: AgentSandbox, base: str | None, trajectory: Trajectory) -> str | None:
+    async def _after_agent(self, sandbox: Sandbox, base: str | None, trajectory: Trajectory) -> str | None:
         """The patch (SWE) or the script grader's outcome (script tasks), read before the sandbox goes."""
         cpu_before = self._cpu_before
         grader = self.task.grader
@@ -376,7 +375,7 @@ def _counts(trajectory: Trajectory) -> bool:
     return trajectory.outcome is None or trajectory.outcome.error is None
 
 
-async def _cpu_seconds(sandbox: AgentSandbox) -> float | None:
+async def _cpu_seconds(sandbox: Sandbox) -> float | None:
     with contextlib.suppress(OrchardError):
         return await sandbox_cpu_seconds(sandbox)
     return None
@@ -389,8 +388,8 @@ def _end_rollout_quietly(hooks: RolloutHooks, rollout_key: str) -> None:
         log.exception("end_rollout(%s) of the model's policy failed", rollout_key)
 
 
-async def _close_quietly(sandbox: AgentSandbox) -> None:
+async def _close_quietly(sandbox: Sandbox) -> None:
     try:
         await sandbox.close()
-    except OrchardError as exc:  # the sandbox is gone either way; the AsyncOrchard close retries
+    except OrchardError as exc:  # the sandbox is gone either way; the factory's close retries
         log.warning("deleting sandbox %s failed: %s", sandbox.id, exc)

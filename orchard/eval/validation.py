@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from orchard.core.backend import BackendConfig
 from orchard.core.errors import OrchardError
+from orchard.core.sandbox import SandboxFactory
 from orchard.core.task import SWETestsGrader, Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Outcome
@@ -47,7 +48,7 @@ async def validate_suite(suite: str | Path | TaskSuite, task_ids: list[str] | No
         return list(await asyncio.gather(*(one(task) for task in tasks)))
 
 
-async def validate_task(orch: AsyncOrchard, task: Task) -> TaskValidation:
+async def validate_task(orch: SandboxFactory, task: Task) -> TaskValidation:
     started = time.monotonic()
     result = TaskValidation(task_id=task.id)
     grader = task.grader

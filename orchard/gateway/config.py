@@ -10,16 +10,16 @@ clients authenticate. Loaded from JSON or YAML:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from orchard.core.errors import InvalidRequest, first_problem, ModelError, NotFound
+from orchard.core.errors import InvalidRequest, first_problem, ModelError
 from orchard.core.policy import PROVIDER_PREFIX
 from orchard.gateway.budget import Budget
+from orchard.util.config_files import read_config_file
 from orchard.policies.registry import model_names, provider_model
 
 # Models Orchard runs itself (registered in the `orchard.models` entry-point group, or served at run time;
@@ -83,24 +83,7 @@ class GatewayConfig(BaseModel):
     def load(cls, path: str | Path) -> GatewayConfig:
         """Read a JSON or YAML (.yaml/.yml) file."""
         path = Path(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise NotFound(f"gateway config {path} does not exist") from None
-        except (IsADirectoryError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"gateway config {path} is not a text file: {exc}") from None
-        if path.suffix in (".yaml", ".yml"):
-            import yaml  # a dependency of litellm, so always present beside the gateway
-
-            try:
-                data = yaml.safe_load(text) or {}
-            except yaml.YAMLError as exc:
-                raise InvalidRequest(f"gateway config {path} is not valid YAML: {exc}") from None
-        else:
-            try:
-                data = json.loads(text)
-            except ValueError as exc:
-                raise InvalidRequest(f"gateway config {path} is not valid JSON: {exc}") from None
+        data = read_config_file(path, "gateway config")
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

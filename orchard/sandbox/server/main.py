@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import uvicorn
@@ -15,6 +14,7 @@ from orchard.sandbox.server.home import resolve_home, resolved_backend_config, s
 from orchard.sandbox.server.service import SandboxService
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
+from orchard.util.logs import log_to_stderr
 
 
 def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | str = "local", api_key: str | None = None,
@@ -35,13 +35,3 @@ def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | st
                              limits=limits)
     app = create_app(service, api_key)
     uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10)
-
-
-def log_to_stderr(level: str) -> None:
-    """uvicorn configures only its own loggers; show the orchestrator's (reconcile, reaping) the same way."""
-    logger = logging.getLogger("orchard")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(level.upper())

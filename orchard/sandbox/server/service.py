@@ -20,16 +20,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchard.core.errors import BackendError, InvalidRequest, OrchardError, SandboxLost, SandboxNotFound
-from orchard.core.sandbox import SandboxInfo, SandboxSpec
+from orchard.core.errors import (BackendError, InvalidRequest, OrchardError, SandboxLost, SandboxNotFound,
+                                 describe_validation_errors)
 from orchard.core.backend import Backend, BackendConfig, BackendSandbox
+from orchard.core.sandbox import SandboxInfo, SandboxSpec
 from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server import instances, upkeep
 from orchard.sandbox.server.home import resolve_home, resolved_backend_config, state_db_path
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
-from orchard.sandbox.server.validation import describe_validation_errors
 
 log = logging.getLogger("orchard.sandbox.server")
 
