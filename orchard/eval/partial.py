@@ -16,16 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from orchard.core.jsonl import read_jsonl
-from orchard.core.trajectory import (
-    Agent,
-    Metrics,
-    Observation,
-    ObservationResult,
-    Step,
-    ToolCall,
-    Trajectory,
-)
-from orchard.core.trajectory import LLMCall
+from orchard.core.trajectory import (Agent, LLMCall, Metrics, Observation, ObservationResult, Step, ToolCall,
+                                     Trajectory)
 
 CALLS_FILE = "calls.jsonl"
 

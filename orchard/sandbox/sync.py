@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Iterator, TypeVar
+from typing import AsyncIterator, Awaitable, Iterator, Self, TypeVar
 
 from orchard.core.sandbox import ExecEvent, ExecResult, FileInfo, Sandbox, SessionResult, ShellSession
 from orchard.sandbox.agent_client import DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES
@@ -115,7 +116,20 @@ async def _anext(agen: AsyncIterator[T]) -> T:
     return await agen.__anext__()
 
 
-class SyncShellSession:
+class _ClosedOnExit(ABC):
+    """`with obj:` closes it on the way out, errors too."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SyncShellSession(_ClosedOnExit):
     """`ShellSession` for sync code. `interrupt` may be called from another thread while `run` blocks."""
 
     def __init__(self, session: ShellSession, loop: LoopThread) -> None:
@@ -132,14 +146,9 @@ class SyncShellSession:
     def close(self) -> None:
         self._loop.run(self._session.close())
 
-    def __enter__(self) -> SyncShellSession:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
-class SyncSandbox:
+class SyncSandbox(_ClosedOnExit):
     """The `Sandbox` API for sync code: each method runs its async twin on `loop` (default: the shared one)."""
 
     def __init__(self, sandbox: Sandbox, loop: LoopThread | None = None) -> None:
@@ -185,11 +194,6 @@ class SyncSandbox:
     def close(self) -> None:
         self._loop.run(self.async_sandbox.close())
 
-    def __enter__(self) -> SyncSandbox:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SyncSandbox({self.async_sandbox!r})"

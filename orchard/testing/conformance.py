@@ -513,22 +513,14 @@ class BackendConformance:
                 assert not connected, f"network 'none' reached {host}:{target_port}: {output}"
 
     def test_network_open_reaches_a_server_on_the_host(self, orchestrator):
-        if "open" not in orchestrator.backend.capabilities.network_modes:
-            pytest.skip(f"the {orchestrator.backend.name} backend does not declare network mode 'open'")
-        address = host_address()
-        if address is None:
-            pytest.skip("this machine has no non-loopback IPv4 address for the sandbox to reach")
+        address = _host_address_for_mode(orchestrator, "open")
         with tcp_server() as port, orchestrator.sandbox(
                 self._spec_for(orchestrator, network=NetworkPolicy(mode="open"))) as (_, sandbox):
             connected, output = probe_tcp(sandbox, address, port)
             assert connected, f"network 'open' did not reach {address}:{port} on the host: {output}"
 
     def test_network_allowlist_reaches_only_what_it_allows(self, orchestrator):
-        if "allowlist" not in orchestrator.backend.capabilities.network_modes:
-            pytest.skip(f"the {orchestrator.backend.name} backend does not declare network mode 'allowlist'")
-        address = host_address()
-        if address is None:
-            pytest.skip("this machine has no non-loopback IPv4 address for the sandbox to reach")
+        address = _host_address_for_mode(orchestrator, "allowlist")
         with tcp_server() as allowed, tcp_server() as other:
             spec = self._spec_for(orchestrator, network=NetworkPolicy(mode="allowlist",
                                                                       allow=[f"{address}:{allowed}"]))
@@ -603,3 +595,14 @@ class BackendConformance:
         finally:
             second.stop(delete_all=True)
         assert first.run(live_ids_of(first.config)) == set()
+
+
+def _host_address_for_mode(orchestrator, mode: str) -> str:
+    """This machine's address for a sandbox with network `mode` to reach; skips when the backend does not
+    declare the mode, or the machine has no non-loopback IPv4 address."""
+    if mode not in orchestrator.backend.capabilities.network_modes:
+        pytest.skip(f"the {orchestrator.backend.name} backend does not declare network mode {mode!r}")
+    address = host_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address for the sandbox to reach")
+    return address

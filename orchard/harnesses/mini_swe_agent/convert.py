@@ -20,16 +20,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchard.core.run_status import ExitStatus
-from orchard.core.trajectory import (
-    Agent,
-    FinalMetrics,
-    Metrics,
-    Observation,
-    ObservationResult,
-    Step,
-    ToolCall,
-    Trajectory,
-)
+from orchard.core.trajectory import (Agent, FinalMetrics, Metrics, Observation, ObservationResult, Step, ToolCall,
+                                     Trajectory)
 from orchard.harnesses.openai_client import Completion
 
 NATIVE_KEY = "mini_swe_agent"
