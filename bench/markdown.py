@@ -26,6 +26,7 @@ the peers run on the host without isolation.
 
 ## How to reproduce
 
+<!-- doc-test: shell -->
 ```
 make bench                              # everything (several minutes on 2 cores)
 python -m bench.run --quick             # smoke run: fewer iterations, writes bench/results/quick.json
