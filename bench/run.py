@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from bench import agent_rss, create_ready, eval_throughput, exec_latency, k8s, many_sandboxes, transfer
+from bench import agent_rss, create_ready, docker, eval_throughput, exec_latency, k8s, many_sandboxes, transfer
 from bench import embedded_generation
 from bench import sft_throughput
 from bench import rl_step_time, rl_wasted_rollouts
@@ -30,6 +30,7 @@ from bench.results_model import MeasurementResult, load_results, save_results
 MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
     exec_latency.MEASUREMENT, create_ready.MEASUREMENT, transfer.MEASUREMENT,
     many_sandboxes.MEASUREMENT, agent_rss.MEASUREMENT, eval_throughput.MEASUREMENT, k8s.MEASUREMENT,
+    docker.MEASUREMENT,
     embedded_generation.MEASUREMENT, rl_wasted_rollouts.MEASUREMENT, rl_step_time.MEASUREMENT,
     sft_throughput.MEASUREMENT)}
 
