@@ -344,8 +344,18 @@ def test_session_keeps_cwd_and_exports(agent, client):
     _error(client.post("/sessions/state/run", json={"command": "true"}), 404, "not_found")
 
 
-def test_session_timeout_interrupts_and_session_stays_usable(client):
-    client.post("/sessions", json={"name": "slow"}).raise_for_status()
+@pytest.fixture(params=["bash", "sh"])
+def shell_env(request, tmp_path) -> dict:
+    """A session's env for each shell the agent may run: bash, or POSIX sh (a PATH without bash, with
+    only `sleep`), as in images without bash."""
+    if request.param == "bash":
+        return {}
+    os.symlink(shutil.which("sleep"), tmp_path / "sleep")
+    return {"PATH": str(tmp_path)}
+
+
+def test_session_timeout_interrupts_and_session_stays_usable(client, shell_env):
+    client.post("/sessions", json={"name": "slow", "env": shell_env}).raise_for_status()
     try:
         _run(client, "slow", "export KEEP=yes")
         start = time.monotonic()
@@ -359,8 +369,8 @@ def test_session_timeout_interrupts_and_session_stays_usable(client):
         client.delete("/sessions/slow")
 
 
-def test_session_whose_shell_ignores_interrupts_is_replaced_in_the_same_cwd(client):
-    client.post("/sessions", json={"name": "stuck"}).raise_for_status()
+def test_session_whose_shell_ignores_interrupts_is_replaced_in_the_same_cwd(client, shell_env):
+    client.post("/sessions", json={"name": "stuck", "env": shell_env}).raise_for_status()
     try:
         _run(client, "stuck", "cd / && export GONE=1")
         r = _run(client, "stuck", "trap '' INT; while :; do :; done", timeout=0.3)
@@ -370,16 +380,21 @@ def test_session_whose_shell_ignores_interrupts_is_replaced_in_the_same_cwd(clie
         client.delete("/sessions/stuck")
 
 
-def test_session_interrupt_stops_the_running_command(agent, client):
-    client.post("/sessions", json={"name": "intr"}).raise_for_status()
+def test_session_interrupt_stops_the_running_command(agent, client, shell_env):
+    client.post("/sessions", json={"name": "intr", "env": shell_env}).raise_for_status()
     try:
+        _run(client, "intr", "export KEEP=yes")
         with ThreadPoolExecutor(1) as pool, agent.client() as other:
             pending = pool.submit(_run, client, "intr", "sleep 30; echo not-reached")
             time.sleep(0.5)
             assert other.post("/sessions/intr/interrupt").json() == {}
             r = pending.result(timeout=10)
         assert r["exit_code"] == 130 and r["timed_out"] is False and "not-reached" not in r["output"]
-        assert _run(client, "intr", "echo alive")["output"] == "alive\n"
+        assert _run(client, "intr", "echo alive $KEEP")["output"] == "alive yes\n"
+        # an interrupt with nothing running changes nothing: the next command's output is its own
+        assert client.post("/sessions/intr/interrupt").json() == {}
+        time.sleep(0.2)
+        assert _run(client, "intr", "echo next")["output"] == "next\n"
     finally:
         client.delete("/sessions/intr")
 

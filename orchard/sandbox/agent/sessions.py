@@ -3,10 +3,13 @@ merged into stdout. A command is sent as `eval '<command>' </dev/null` followed 
 marker and `$?`; the output is whatever comes before the marker. No sleeps, no prompt parsing. cwd,
 exported variables and shell variables persist because every command runs in that same shell.
 
-bash runs interactive (`-i`, prompts emptied, history off, no line editing) for one reason: like a
-terminal's Ctrl-C, a SIGINT to the session's process group then aborts the whole command line — loops of
-builtins included — and the shell goes on to print the marker with status 130. Without bash, a
-non-interactive sh is used and only its children are signalled (a SIGINT would end sh itself)."""
+The shell runs interactive (`-i`, prompts emptied; bash: history off, no line editing) for one reason:
+like a terminal's Ctrl-C, a SIGINT to the session's process group then aborts the whole command line —
+loops of builtins included — and the shell survives with status 130 (a non-interactive shell would exit).
+bash reads its input a byte at a time, so the marker line sent after the command is still there and
+prints 130. A POSIX sh (dash, busybox ash: images without bash) reads ahead and drops what it read when a
+SIGINT aborts a line, so there the command and its marker are one line, and an interrupt sends the marker
+again; a marker printed twice (the command had just ended) is dropped from later output."""
 
 from __future__ import annotations
 
@@ -33,6 +36,10 @@ START_TIMEOUT_S = 10.0
 TTY_NOISE = re.compile(rb"bash: \[\d+: \d+ \(-?\d+\)\] tcsetattr: [^\n]*\n")
 # Run once in a new bash, before the first command: empty prompts, no history (no `!` expansion either).
 BASH_SETUP = "PS1= PS2= PS0= PROMPT_COMMAND=; unset HISTFILE MAIL MAILPATH; set +o history +H"
+SH_SETUP = "PS1= PS2=; unset MAIL MAILPATH"
+MARKER_FIRST_HALF = "__orchard_end_"
+# A marker line of any command: one that was printed again by an interrupt after its command had ended.
+ANY_MARKER_LINE = re.compile(rb"__orchard_end_[0-9a-f]{16}__ -?\d*\n")
 
 
 class ShellExited(Exception):
@@ -62,7 +69,7 @@ class _Captured:
         self.parts.append(("\n[orchard-agent: %s]\n" % text).encode("utf-8", "replace"))
 
     def text(self) -> str:
-        return TTY_NOISE.sub(b"", b"".join(self.parts)).decode("utf-8", "replace")
+        return ANY_MARKER_LINE.sub(b"", TTY_NOISE.sub(b"", b"".join(self.parts))).decode("utf-8", "replace")
 
 
 def _shell_argv(env: dict):
@@ -72,7 +79,7 @@ def _shell_argv(env: dict):
     bash = shutil.which("bash", path=env.get("PATH") or os.defpath)
     if bash:  # argv[0] "bash", whatever the path: it prefixes bash's own messages
         return bash, ["bash", "--noprofile", "--norc", "--noediting", "-i"], True
-    return "/bin/sh", ["/bin/sh"], False
+    return "/bin/sh", ["/bin/sh", "-i"], False
 
 
 def _group_members(pgid: int):
@@ -117,7 +124,7 @@ class ShellSession:
         self.selector.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
         # Wait until the shell answers, dropping its start-up noise (bash -i: first prompt, job control).
         try:
-            marker = self._send(BASH_SETUP if self.is_bash else ":")
+            marker = self._send(BASH_SETUP if self.is_bash else SH_SETUP)
             started = self._read_until(marker, _Captured(0), time.monotonic() + START_TIMEOUT_S)[0]
         except ShellExited:
             started = False
@@ -164,18 +171,23 @@ class ShellSession:
         token = os.urandom(8).hex()  # what secrets.token_hex(8) is, without importing secrets at start
         # The marker is printed from two halves, so it never appears whole in the input the shell may
         # echo (set -v / set -x): only the printf output can match.
-        first, second = "__orchard_end_", token + "__"
+        self.marker_printf = "printf '%%s%%s %%d\\n' '%s' '%s' \"$?\"" % (MARKER_FIRST_HALF, token + "__")
         # `\\builtin`: user aliases or functions named eval or printf cannot interfere.
         builtin = "\\builtin " if self.is_bash else ""
-        script = ("%seval '%s' </dev/null\n%sprintf '%%s%%s %%d\\n' '%s' '%s' \"$?\"\n"
-                  % (builtin, command.replace("'", "'\\''"), builtin, first, second)).encode("utf-8")
-        view = memoryview(script)
+        # bash: two lines (see the module's docstring); sh: one, which an interrupt aborts whole.
+        script = ("%seval '%s' </dev/null%s%s%s\n"
+                  % (builtin, command.replace("'", "'\\''"), "\n" if self.is_bash else "; ", builtin,
+                     self.marker_printf)).encode("utf-8")
+        self._write(script)
+        return MARKER_FIRST_HALF + token + "__"
+
+    def _write(self, data: bytes):
+        view = memoryview(data)
         try:
             while view:
                 view = view[os.write(self.proc.stdin.fileno(), view):]
         except BrokenPipeError:
             raise ShellExited()
-        return first + second
 
     def _read_until(self, marker: str, out: _Captured, deadline):
         """Move output into `out` until the marker line; (True, exit status) or (False, None) at deadline."""
@@ -238,15 +250,17 @@ class ShellSession:
 
     # -- signals ---------------------------------------------------------------------------------
     def interrupt(self):
-        """Ctrl-C for the running command: SIGINT to the whole group for bash (it aborts the command line
-        and survives), to the shell's children only for sh (a non-interactive sh would exit on it)."""
-        if self.is_bash:
+        """Ctrl-C for the running command: SIGINT to the session's whole process group; the interactive
+        shell aborts the command line and survives (see the module's docstring)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        except (ProcessLookupError, PermissionError):
+            return
+        if not self.is_bash:  # sh dropped the rest of the line, its marker included: print it again
             try:
-                os.killpg(self.proc.pid, signal.SIGINT)
-            except (ProcessLookupError, PermissionError):
+                self._write(("%s\n" % self.marker_printf).encode("utf-8"))
+            except ShellExited:
                 pass
-        else:
-            self._signal_children(signal.SIGINT)
 
     def _signal_children(self, sig: int):
         """Signal every process the shell started (its process group minus the shell itself); without
