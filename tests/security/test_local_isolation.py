@@ -266,7 +266,7 @@ async def test_the_workload_cannot_stop_or_kill_its_agent(backend):
         agent_pid, init_pid = agent_host_pid(sb), init_host_pid(sb)
         for attack in ("for p in $(" + AGENT_PIDS + "); do kill -STOP $p; kill -KILL $p; done",
                        "kill -STOP -1; kill -CONT -1", "kill -KILL -1", "kill -INT 1; kill -TERM 1",
-                       "python3 -c 'import os, signal; os.kill(-1, signal.SIGSTOP)'",
+                       "python3 -c 'import os, signal; os.kill(-1, signal.SIGSTOP); os.kill(-1, signal.SIGCONT)'",
                        "strace -p 1 -o /dev/null || gdb -p 1 -batch || false"):
             await agent.exec(attack, timeout=30)
             assert host_status(agent_pid)["State"].split()[0] in ("S", "R"), attack
@@ -274,7 +274,8 @@ async def test_the_workload_cannot_stop_or_kill_its_agent(backend):
         assert process_alive(init_pid)
         # The workload's own processes are still its to signal, by the pids it sees.
         r = await agent.exec("sleep 30 & kill -STOP $! && kill -KILL $! && wait $!; echo $?; "
-                             "sleep 30 & pkill -x sleep; wait $!; echo $?")
+                             "sleep 30 & until pgrep -x sleep >/dev/null; do sleep 0.01; done; "
+                             "pkill -x sleep; wait $!; echo $?", timeout=30)
         assert r.stdout == "137\n143\n", r
 
 
