@@ -6,22 +6,28 @@ from __future__ import annotations
 
 import tempfile
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import AsyncIterator, Iterator
-
-import httpx
 
 from bench.memory import PeakGrowth
 from bench.processes import read_status_kib
+from orchard.sandbox.backends.local_state import children_of, read_record
 from orchard.sandbox.client import AsyncOrchard, Orchard
 
+# id of an embedded client -> its state home (where the local backend keeps each sandbox's meta.json)
+_homes: dict[int, Path] = {}
+
 _HOME_PREFIX = "orchard-bench-"
-_UNIX_PREFIX = "unix://"
 
 
 @contextmanager
 def embedded_orchard() -> Iterator[Orchard]:
     with tempfile.TemporaryDirectory(prefix=_HOME_PREFIX) as home, Orchard(home=home) as orchard:
-        yield orchard
+        _homes[id(orchard)] = Path(home)
+        try:
+            yield orchard
+        finally:
+            _homes.pop(id(orchard), None)
 
 
 @asynccontextmanager
@@ -39,28 +45,31 @@ def checked_exec(sandbox, command: str) -> str:
     return result.stdout
 
 
-def agent_pid(orchard: Orchard, sandbox) -> int:
-    """The agent's pid inside the sandbox's pid namespace, from its own `/health` answer (which needs no
-    token), reached at the address the orchestrator hands out."""
-    agent_url = orchard.get(sandbox.id).agent_url
-    if agent_url.startswith(_UNIX_PREFIX):
-        transport, base_url = httpx.HTTPTransport(uds=agent_url[len(_UNIX_PREFIX):], verify=False), "http://agent"
-    else:
-        transport, base_url = None, agent_url
-    with httpx.Client(transport=transport, base_url=base_url, timeout=30) as client:
-        response = client.get("/health")
-        response.raise_for_status()
-        return int(response.json()["pid"])
+def agent_host_pid(orchard: Orchard, sandbox) -> int:
+    """The agent's host pid: the one child of the sandbox's init, which the local backend records in the
+    sandbox's `meta.json` under the client's home. (The workload cannot see its agent: commands run in a
+    pid namespace of their own, so the agent is read from the host.)"""
+    record = read_record(_homes[id(orchard)] / "sandboxes" / sandbox.id / "meta.json")
+    init_pid = record.handle.init_pid if record else None
+    children = children_of(init_pid) if init_pid else []
+    if len(children) != 1:
+        raise RuntimeError(f"cannot find the agent of sandbox {sandbox.id}: its init {init_pid} has children "
+                           f"{children}")
+    return children[0]
 
 
 def agent_memory(orchard: Orchard, sandbox) -> PeakGrowth:
-    """The agent's VmRSS/VmHWM, read from inside its sandbox (its pid is one of that pid namespace)."""
-    pid = agent_pid(orchard, sandbox)
+    """The agent's VmRSS/VmHWM, read from the host."""
+    status = Path(f"/proc/{agent_host_pid(orchard, sandbox)}")
 
     def read(field: str) -> int:
-        return read_status_kib(checked_exec(sandbox, f"cat /proc/{pid}/status"), field)
+        return read_status_kib((status / "status").read_text(), field)
 
     def reset() -> bool:
-        return sandbox.exec(f"echo 5 > /proc/{pid}/clear_refs").exit_code == 0
+        try:
+            (status / "clear_refs").write_text("5")
+            return True
+        except OSError:
+            return False
 
     return PeakGrowth(read, reset)
