@@ -16,8 +16,6 @@ import os
 import signal
 import sys
 
-from .server import make_server
-from .wire import AgentContext
 
 SCRUBBED_ENV = ("ORCHARD_AGENT_TOKEN", "ORCHARD_AGENT_TOKEN_FILE", "PYTHONHOME", "PYTHONPATH")
 DEFAULT_MAX_BODY = 4 << 30
@@ -98,14 +96,21 @@ def main(argv=None):
 
     token = _read_token()  # first: once the agent has its identity, the token file is no longer readable
     if user:
-        from . import identity, pidns
+        from . import pidns
+
+        pidns.separate(user, init_user)  # the commands' pid namespace, made while the server is imported
+    from .server import make_server
+    from .wire import AgentContext
+
+    if user:
+        from . import identity
 
         try:
-            why_not = pidns.separate(user, init_user)  # needs CAP_SYS_ADMIN, which become() drops
+            why_not = pidns.forked()  # before become(): making the namespace needs CAP_SYS_ADMIN
+            identity.become(user, agent_user)
+            why_not = pidns.finish(user, agent_user) or why_not
             if why_not:
                 sys.stderr.write("orchard-agent: commands share the agent's pid namespace (%s)\n" % why_not)
-            identity.become(user, agent_user)
-            pidns.finish(user, agent_user)
         except identity.IdentityError as exc:
             _fail(str(exc))
         except OSError as exc:

@@ -56,7 +56,7 @@ INIT_NAME = b"orchard-init"
 
 SEPARATE = False  # the workload runs in a pid namespace of its own
 INIT_PID = None  # its init, as the agent sees it
-_PROC_FD = None  # the agent's own /proc, once /proc shows the workload's namespace
+_PROC_FD = None  # the agent's own /proc, from before /proc shows the workload's namespace
 
 
 def open_proc(relative: str, mode: str = "r"):
@@ -81,32 +81,50 @@ def health() -> str:
 
 
 def separate(user: str, init_user: str = None):
-    """Start the spawner thread, which makes the workload's namespace and its init; None when done, else
-    why not (the agent then goes on as before, the thread gone). Must run before any other thread starts
-    and before `identity.become` drops CAP_SYS_ADMIN; `finish` must follow `identity.become`."""
+    """Start the spawner thread, which makes the workload's namespace and its init while the agent goes on
+    starting (importing its server). Must run before any other thread starts; then `forked` before
+    `identity.become` drops CAP_SYS_ADMIN, and `finish` after it."""
     global _spawner
     from .identity import parse_ids
 
     own_uid = bool(init_user) and parse_ids(init_user, "--init-user") != parse_ids(user, "--user")
     _spawner = _Spawner(init_user or user, own_uid)
-    _spawner.ready.acquire()
-    if _spawner.error is not None:
-        _spawner.thread.join()
-        why_not, _spawner = str(_spawner.error) or type(_spawner.error).__name__, None
-        return why_not
-    return None
 
 
-_spawner = None
+def forked():
+    """Wait until the namespace exists and its init is forked (its own set-up goes on in parallel); None
+    when so, else why not (the agent then goes on as before, the spawner gone)."""
+    return _give_up_unless(lambda spawner: spawner.forked)
 
 
 def finish(user: str, agent_user: str = None):
-    """After the main thread's `identity.become`: the spawner drops its own capabilities and sets its file
-    system ids the same way (they are per thread). Raises what that raised."""
+    """After the main thread's `identity.become`: wait for the init's set-up (None, else why it failed:
+    the agent then goes on as before), then the spawner drops its own capabilities and sets its file system
+    ids the same way (they are per thread). Raises what that raised."""
     from . import identity
 
-    if _spawner is not None:
+    why_not = _give_up_unless(lambda spawner: spawner.ready)
+    if why_not is None and _spawner is not None:
         _spawner.run(lambda: identity.become(user, agent_user, thread_only=True))
+    return why_not
+
+
+def _give_up_unless(step):
+    """Wait for `step` of the spawner's set-up; if it failed, forget the spawner (its thread has ended)."""
+    global _spawner
+    if _spawner is None:
+        return None
+    lock = step(_spawner)
+    lock.acquire()
+    lock.release()
+    if _spawner.error is None:
+        return None
+    _spawner.thread.join()
+    why_not, _spawner = str(_spawner.error) or type(_spawner.error).__name__, None
+    return why_not
+
+
+_spawner = None
 
 
 def popen(*args, **kwargs):
@@ -127,7 +145,8 @@ class _Spawner:
 
         self.jobs = SimpleQueue()
         self.error = None
-        self.ready = _thread.allocate_lock()
+        self.forked, self.ready = _thread.allocate_lock(), _thread.allocate_lock()
+        self.forked.acquire()
         self.ready.acquire()
         self.thread = threading.Thread(target=self._main, args=(init_user, own_uid), name="spawner",
                                        daemon=True)
@@ -150,6 +169,8 @@ class _Spawner:
             self._setup(init_user, own_uid)
         except BaseException as exc:
             self.error = exc
+            if self.forked.locked():  # failed before the fork (else released already)
+                self.forked.release()
             self.ready.release()
             return  # this thread's children's namespace dies with it: nothing else used it
         self.ready.release()
@@ -163,12 +184,20 @@ class _Spawner:
 
     def _setup(self, init_user: str, own_uid: bool):
         global SEPARATE, INIT_PID, _PROC_FD
+        # What the init needs, imported here: forked while the main thread may be importing, the child
+        # must find its modules loaded, never half-imported under another thread's lock.
+        import gc  # noqa: F401
+        import resource  # noqa: F401
+
+        from . import identity  # noqa: F401
         from .identity import _libc
 
         libc, _ctypes = _libc(("unshare",))
         if libc["unshare"](CLONE_NEWPID) != 0:
             raise OSError("unshare(CLONE_NEWPID): %s" % os.strerror(_ctypes.get_errno()))
-        proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # The agent's own /proc, kept open: the init mounts the workload's over /proc while the main thread
+        # may be reading its own status (identity.become), so every agent read goes through this from now.
+        _PROC_FD = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pid 1 of the new namespace
@@ -177,23 +206,25 @@ class _Spawner:
             finally:
                 os._exit(1)
         os.close(ready_w)
+        self.forked.release()
         with os.fdopen(ready_r, "rb") as ready:
             answer = ready.read(4096)
         if answer != b"ok":
-            os.close(proc_fd)
             os.waitpid(pid, 0)
             raise OSError("the init failed: %s" % (answer.decode("utf-8", "replace") or "no answer"))
-        SEPARATE, INIT_PID, _PROC_FD = True, pid, proc_fd
+        SEPARATE, INIT_PID = True, pid
 
 
 def _init(user: str, own_uid: bool, ready_w: int):
     """pid 1 of the workload's namespace: set up (see the module's docstring), say `ok` on `ready_w`
     (or why not, and exit), then reap orphans until the namespace ends. Never returns."""
+    global _PROC_FD
     import gc
     import resource
 
     from . import identity
 
+    _PROC_FD = None  # the agent's /proc, closed below: the init reads the /proc it mounts (where it is pid 1)
     gc.disable()  # touches every object of the agent's copied heap: pages this process need not own
     try:
         os.closerange(3, ready_w)
