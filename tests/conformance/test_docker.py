@@ -1,4 +1,4 @@
-"""The backend conformance suite (orchard/testing/conformance.py) on the docker backend, against the daemon
+"""The backend conformance suite (orchard/testing/conformance/) on the docker backend, against the daemon
 of scripts/docker/daemon.sh (or DOCKER_HOST; skipped without one unless ORCHARD_DOCKER=1). Sandboxes run
 the Debian image `daemon.sh image` builds; each orchestrator the suite starts gets an `instance` label of
 its own."""

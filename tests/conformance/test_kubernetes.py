@@ -1,4 +1,4 @@
-"""The backend conformance suite (orchard/testing/conformance.py) on the Kubernetes backend, against the dev
+"""The backend conformance suite (orchard/testing/conformance/) on the Kubernetes backend, against the dev
 cluster (scripts/k8s/cluster.sh; skipped without one unless ORCHARD_K8S=1). Sandboxes run the dev
 cluster's busybox image; each orchestrator the suite starts gets an `instance` label of its own in one
 namespace, deleted at the end."""

@@ -1,4 +1,4 @@
-"""The backend conformance suite (orchard/testing/conformance.py) on the local backend, and the check that
+"""The backend conformance suite (orchard/testing/conformance/) on the local backend, and the check that
 docs/conformance.md shows this very file's code."""
 
 import pytest
