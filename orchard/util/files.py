@@ -3,8 +3,9 @@ the file is either the old or the new one.
 
 The data goes to a temporary file with a unique name in the target's directory (so two writers never
 share it and the rename stays on one file system); it is fsync'd, renamed over the target with
-`os.replace`, and the directory is fsync'd so the rename itself is durable. On any failure the temporary
-file is removed and the target is untouched."""
+`os.replace`, and the directory is fsync'd so the rename itself is durable (`durable=False` skips both
+fsyncs, for state that cannot outlive the machine anyway). On any failure the temporary file is removed
+and the target is untouched."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int | None = None) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int | None = None, durable: bool = True) -> None:
     """Replace `path` with `data`. The file gets `mode`, else the mode of the file it replaces, else the
     mode a plain `open()` would give it (0666 less the umask) — not the 0600 of the temporary file."""
     path = Path(path)
@@ -28,18 +29,21 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int | None = None
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                os.fsync(out.fileno())
         os.replace(temporary, path)
         temporary = None
-        fsync_directory(path.parent)
+        if durable:
+            fsync_directory(path.parent)
     finally:
         if temporary is not None:
             os.unlink(temporary)
 
 
-def atomic_write_text(path: str | Path, text: str, *, mode: int | None = None, encoding: str = "utf-8") -> None:
+def atomic_write_text(path: str | Path, text: str, *, mode: int | None = None, encoding: str = "utf-8",
+                      durable: bool = True) -> None:
     """`atomic_write_bytes` of `text` encoded with `encoding`."""
-    atomic_write_bytes(path, text.encode(encoding), mode=mode)
+    atomic_write_bytes(path, text.encode(encoding), mode=mode, durable=durable)
 
 
 def fsync_directory(directory: str | Path) -> None:
