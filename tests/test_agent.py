@@ -127,6 +127,17 @@ def test_health_answers_without_a_token(agent):
     assert body["status"] == "ok" and body["pid"] == agent.proc.pid and body["version"]
 
 
+def test_stats_count_the_cpu_of_finished_commands_and_need_the_token(agent, client):
+    with agent.client(token="") as anonymous:
+        assert anonymous.get("/stats").status_code == 401
+    before = client.get("/stats").json()
+    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    assert client.post("/exec", json={"command": [sys.executable, "-c", burn]}).json()["exit_code"] == 0
+    after = client.get("/stats").json()
+    assert after["processes"] >= 1
+    assert 0.25 <= after["cpu_seconds"] - before["cpu_seconds"] < 5  # the agent reaped it: its cutime
+
+
 def test_missing_or_wrong_token_is_refused_and_tokens_are_per_agent(agent):
     other = RunningAgent()
     try:

@@ -64,17 +64,6 @@ async def run_setup(sandbox: Sandbox, task: Task) -> None:
 
 
 async def sandbox_cpu_seconds(sandbox: Sandbox) -> float | None:
-    """CPU seconds (user + system) used so far by every process in the sandbox's pid namespace: for each
-    live process its own time plus that of the children it has reaped (`/proc/PID/stat` fields 14-17),
-    which counts every process that ever ran there exactly once. It includes the in-sandbox agent. The
-    kernel reports these in clock ticks (10 ms), and a reading is a snapshot, not atomic: a process reaped
-    by its parent while the files are read can be missed (or counted twice), by up to its own CPU time. So
-    the difference of two readings is approximate: a few ticks of work may read as 0.0. None when /proc cannot be read (a backend without a pid
-    namespace would report the whole host)."""
-    result = await sandbox.exec(["/bin/sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null"], timeout=30)
-    ticks = 0
-    for line in result.stdout.splitlines():
-        fields = line[line.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
-        if len(fields) >= 15:
-            ticks += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK") if result.stdout.strip() else None
+    """CPU seconds used so far by every process of the sandbox, the agent included (see
+    `Sandbox.cpu_seconds`); None when the sandbox cannot tell."""
+    return await sandbox.cpu_seconds()

@@ -187,6 +187,12 @@ class AgentSandbox:
     async def health(self) -> dict:
         return json.loads((await self._call("GET", "/health")).content)
 
+    async def cpu_seconds(self) -> float | None:
+        """CPU seconds (user + system) of every process the sandbox ever ran, from the agent's `/stats`
+        (see docs/agent-protocol.md): approximate, in 10 ms ticks; None when the agent cannot tell."""
+        value = json.loads((await self._call("GET", "/stats")).content).get("cpu_seconds")
+        return float(value) if isinstance(value, (int, float)) else None
+
     # -- files ------------------------------------------------------------------------------------------
 
     async def read_file(self, path: str, *, max_bytes: int = READ_FILE_MAX_BYTES) -> bytes:

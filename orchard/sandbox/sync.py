@@ -179,6 +179,9 @@ class SyncSandbox(_ClosedOnExit):
     def list_dir(self, path: str) -> list[FileInfo]:
         return self._loop.run(self.async_sandbox.list_dir(path))
 
+    def cpu_seconds(self) -> float | None:
+        return self._loop.run(self.async_sandbox.cpu_seconds())
+
     def upload(self, local_path: str | Path, remote_path: str) -> None:
         self._loop.run(self.async_sandbox.upload(local_path, remote_path))
 
