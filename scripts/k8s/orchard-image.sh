@@ -65,7 +65,8 @@ PY
 )
 
 key=$({ echo "$ver $prefix"; echo "$dists"; basename "$bundle"; sha256sum "$0" "$here/images.sh";
-        cd "$repo" && find orchard -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum; } |
+        cd "$repo" && sha256sum pyproject.toml &&
+        find orchard -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum; } |
       sha256sum | cut -c1-16)
 store=$CACHE/orchard-image
 orchestrator_archive=$store/orchestrator.oci.tar agent_archive=$store/agent.oci.tar
@@ -123,6 +124,12 @@ for name in sys.argv[1:]:
 PY
 tar -C "$site" --no-recursion -T "$work/files" -cf - | tar -C "$opt/site-packages" -xf -
 tar -C "$repo" --exclude='__pycache__' -cf - orchard | tar -C "$opt/site-packages" -xf -
+# orchard's own metadata: its entry points are how backends, harnesses and models are found (the editable
+# install's RECORD and finder stay behind: the source is copied above).
+orchard_info=$(cd "$site" && ls -d orchard-*.dist-info | head -1)
+[ -n "$orchard_info" ] || die "no orchard-*.dist-info in $site: install the checkout (pip install -e '.[k8s]')"
+mkdir -p "$opt/site-packages/$orchard_info"
+cp "$site/$orchard_info/METADATA" "$site/$orchard_info/entry_points.txt" "$opt/site-packages/$orchard_info/"
 cp -a "$bundle" "$opt/agent-bundle"
 
 # Every shared library the interpreter, its extension modules and the packages' extensions load from the
