@@ -11,6 +11,7 @@ import secrets
 import time
 
 from bench.measurement import BenchContext, Measurement
+from bench.orchard_clients import time_agent_execs
 from bench.results_model import Findings, Row, Target, ratio
 from bench.stats import LatencyStats
 
@@ -87,15 +88,8 @@ async def _exec_round_trips(ctx: BenchContext, backend, client) -> tuple[list[fl
 
     sid, token = f"bench-exec-{secrets.token_hex(3)}", secrets.token_urlsafe(16)
     made = await backend.create(sid, SandboxSpec(image=IMAGE, cpu=1, memory_mb=256), token)
-    execs: list[float] = []
     async with AgentSandbox(sid, made.agent_url, token) as sandbox:
-        for index in range(10 + ctx.pick(300, 30)):
-            started = time.perf_counter()
-            result = await sandbox.exec(["true"])
-            if index >= 10:
-                execs.append(time.perf_counter() - started)
-            if result.exit_code != 0:
-                raise RuntimeError(f"`true` failed in the benchmark sandbox: {result}")
+        execs = await time_agent_execs(sandbox, ctx.pick(300, 30))
     container = client.containers.get(made.handle["container_id"])
     docker_execs: list[float] = []
     for index in range(3 + ctx.pick(50, 5)):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from bench.measurement import BenchContext, Measurement
+from bench.orchard_clients import time_agent_execs
 from bench.results_model import Findings, Row, Target, ratio
 from bench.stats import LatencyStats
 
@@ -110,15 +111,8 @@ async def _exec_round_trips(ctx: BenchContext, backend, kubeconfig: str) -> tupl
     from orchard.sandbox.agent_client import AgentSandbox
     sid, token = f"bench-exec-{secrets.token_hex(3)}", secrets.token_urlsafe(16)
     made = await backend.create(sid, SandboxSpec(image=IMAGE, cpu=1, memory_mb=256), token)
-    execs: list[float] = []
     async with AgentSandbox(sid, made.agent_url, token) as sandbox:
-        for index in range(10 + ctx.pick(200, 30)):
-            started = time.perf_counter()
-            result = await sandbox.exec(["true"])
-            if index >= 10:
-                execs.append(time.perf_counter() - started)
-            if result.exit_code != 0:
-                raise RuntimeError(f"`true` failed in the benchmark sandbox: {result}")
+        execs = await time_agent_execs(sandbox, ctx.pick(200, 30))
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         raise RuntimeError("kubectl is not installed; it is the peer of this measurement")

@@ -73,3 +73,19 @@ def agent_memory(orchard: Orchard, sandbox) -> PeakGrowth:
             return False
 
     return PeakGrowth(read, reset)
+
+
+async def time_agent_execs(sandbox, count: int, warmup: int = 10) -> list[float]:
+    """Seconds of each `exec(["true"])` on `sandbox` (an AgentSandbox on a keep-alive connection), after
+    `warmup` untimed ones; a failing `true` is an error, never a figure."""
+    import time
+
+    timings: list[float] = []
+    for index in range(warmup + count):
+        started = time.perf_counter()
+        result = await sandbox.exec(["true"])
+        if index >= warmup:
+            timings.append(time.perf_counter() - started)
+        if result.exit_code != 0:
+            raise RuntimeError(f"`true` failed in the benchmark sandbox: {result}")
+    return timings

@@ -4,7 +4,6 @@ for an installed plugin, and `importlib.metadata` finds it there."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from orchard.core.harness import (
     get_harness,
     list_harnesses,
 )
+from tests.plugin_site import site_on_path, write_distribution
 
 HARNESS_MODULE = '''
 from orchard.core.trajectory import Agent, Step, Trajectory
@@ -50,25 +50,13 @@ def make_named(**options):
 
 def install_plugin(site: Path, module: str, distribution: str, entries: dict[str, str], code: str = HARNESS_MODULE,
                    version: str = "0.9.1") -> None:
-    (site / f"{module}.py").write_text(code)
-    dist_info = site / f"{distribution.replace('-', '_')}-{version}.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
-    lines = "\n".join(f"{name} = {target}" for name, target in entries.items())
-    (dist_info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{lines}\n")
+    write_distribution(site, distribution, version, ENTRY_POINT_GROUP, entries, {f"{module}.py": code})
 
 
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """A fresh site directory on sys.path; the plugin modules imported from it are forgotten afterwards."""
-    directory = tmp_path / "site"
-    directory.mkdir()
-    monkeypatch.syspath_prepend(str(directory))
-    before = set(sys.modules)
-    yield directory
-    for name in set(sys.modules) - before:
-        if name.startswith("orchard_test_"):
-            del sys.modules[name]
+    yield from site_on_path(tmp_path, monkeypatch, ("orchard_test_",))
 
 
 def test_plugin_is_discovered_by_entry_point_and_runs(site):

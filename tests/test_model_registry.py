@@ -27,6 +27,7 @@ from orchard.core.trajectory import Agent, Trajectory
 from orchard.gateway.config import GatewayConfig
 from orchard.gateway.gateway import Gateway
 from orchard.policies import registry
+from tests.plugin_site import site_on_path, write_distribution
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "models.md"
@@ -42,13 +43,7 @@ def doc_block(kind: str) -> tuple[str | None, str]:
 
 
 def install(site: Path, distribution: str, modules: dict[str, str], entries: dict[str, str]) -> None:
-    for module, code in modules.items():
-        (site / module).write_text(code)
-    dist_info = site / f"{distribution.replace('-', '_')}-0.3.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.3.0\n")
-    lines = "\n".join(f"{name} = {target}" for name, target in entries.items())
-    (dist_info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{lines}\n")
+    write_distribution(site, distribution, "0.3.0", ENTRY_POINT_GROUP, entries, modules)
 
 
 def install_doc_example(site: Path) -> None:
@@ -61,14 +56,7 @@ def install_doc_example(site: Path) -> None:
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """A fresh site directory on sys.path; its plugin modules are forgotten afterwards."""
-    directory = tmp_path / "site"
-    directory.mkdir()
-    monkeypatch.syspath_prepend(str(directory))
-    before = set(sys.modules)
-    yield directory
-    for name in set(sys.modules) - before:
-        if name.startswith("orchard_echo") or name.startswith("orchard_test_"):
-            del sys.modules[name]
+    yield from site_on_path(tmp_path, monkeypatch, ("orchard_echo", "orchard_test_"))
 
 
 def ask(gateway: Gateway, key: str, model: str, text: str) -> dict[str, Any]:

