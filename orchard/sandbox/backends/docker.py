@@ -51,7 +51,7 @@ class DockerBackend:
     def __init__(self, config: DockerConfig | None = None) -> None:
         self.config = config = config or DockerConfig()
         spec_of.validate_instance(config.instance)
-        self.capabilities = docker_capabilities(config.disk_quota)
+        self.capabilities = docker_capabilities(config.disk_quota, config.default_image)
         self.instance = config.instance
         self.run_base = Path(config.run_dir) if config.run_dir else default_run_dir()
         self.instance_dir = self.run_base / instance_key(config.instance)

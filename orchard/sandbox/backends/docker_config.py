@@ -11,7 +11,7 @@ from typing import ClassVar, Literal, Mapping
 from pydantic import Field
 
 from orchard.core.backend import BackendCapabilities, BackendConfig
-from orchard.core.errors import InvalidRequest
+from orchard.util.env import env_flag
 
 SYSTEM_SOCKET = "unix:///var/run/docker.sock"
 # What scripts/docker/daemon.sh builds (`daemon.sh image`): Debian with python3, pytest and git.
@@ -51,7 +51,7 @@ class DockerConfig(BackendConfig):
                   "instance": env("ORCHARD_DOCKER_INSTANCE"),
                   "default_image": env("ORCHARD_DOCKER_DEFAULT_IMAGE"), "pull": env("ORCHARD_DOCKER_PULL"),
                   "runtime": env("ORCHARD_DOCKER_RUNTIME"), "run_dir": env("ORCHARD_DOCKER_RUN_DIR"),
-                  "disk_quota": _flag(env("ORCHARD_DOCKER_DISK_QUOTA"), "ORCHARD_DOCKER_DISK_QUOTA")}
+                  "disk_quota": env_flag(env("ORCHARD_DOCKER_DISK_QUOTA"), "ORCHARD_DOCKER_DISK_QUOTA")}
         return cls.model_validate({"bundle_cache_dir": home / "cache",
                                    **{k: v for k, v in values.items() if v is not None}})
 
@@ -74,20 +74,10 @@ def default_run_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"orchard-docker-{os.getuid()}"
 
 
-def _flag(value: str | None, name: str) -> bool | None:
-    if value is None:
-        return None
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise InvalidRequest(f"{name}={value!r}: use 1 (on) or 0 (off)")
-
-
-def docker_capabilities(disk_quota: bool) -> BackendCapabilities:
+def docker_capabilities(disk_quota: bool, default_image: str | None) -> BackendCapabilities:
     """Network none (no interface but loopback) and open (the daemon's bridge); no allowlist or model-only
     network. cpu, memory (no swap on top) and processes as the container's cgroup limits; disk only with
-    `disk_quota`. OCI images; 'host' is the default image."""
+    `disk_quota`. OCI images, and 'host' when a `default_image` says what it means."""
     limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if disk_quota else set())
     return BackendCapabilities(network_modes=frozenset({"none", "open"}), limits=frozenset(limits),
-                               image_kinds=frozenset({"oci", "host"}))
+                               image_kinds=frozenset({"oci", "host"} if default_image else {"oci"}))
