@@ -264,12 +264,11 @@ async def test_a_missing_image_is_the_callers_error_and_leaves_nothing(make_back
 async def test_a_dying_agent_fails_the_create_with_its_output(make_backend, base_url):
     """A workdir the agent cannot create makes it exit: create says so, with the agent's own words, at once
     instead of at the ready timeout."""
-    backend = make_backend(ready_timeout_s=30)
-    started = time.perf_counter()
+    backend = make_backend(ready_timeout_s=300)
     with pytest.raises(BackendError, match="exited") as err:
         await backend.create("dies", _spec(workdir="/proc/orchard-cannot"), "t")
-    assert time.perf_counter() - started < 10
-    assert "workdir" in str(err.value)
+    # the container's exit ended the wait, not the ready timeout (which would say "did not answer")
+    assert "workdir" in str(err.value) and "did not answer" not in str(err.value)
     api = _engine(base_url)
     try:
         assert api.containers(all=True, filters={"label": f"orchard.dev/instance={backend.instance}"}) == []
