@@ -45,6 +45,11 @@ class BackendCapabilities(BaseModel):
     network_modes: frozenset[NetworkMode]
     limits: frozenset[LimitName]
     image_kinds: frozenset[ImageKind]
+    # `network.gateway`: the backend relays MODEL_GATEWAY_URL inside to its config's `model_gateway`
+    # (False when none is configured).
+    model_gateway: bool = False
+    # `spec.bundles`: it mounts built harness bundles read-only at HARNESS_MOUNT_ROOT/<name>.
+    harness_bundles: bool = False
 
     def lacks(self, spec: SandboxSpec) -> list[str]:
         """What `spec` asks for that these capabilities do not have, one phrase each (empty: all there)."""
@@ -55,6 +60,11 @@ class BackendCapabilities(BaseModel):
             if getattr(spec, limit) is not None and limit not in self.limits:
                 missing.append(f"the {limit} limit (it enforces: {_listed(self.limits) or 'no limits'}; "
                                f"set {limit} to null to run without it)")
+        if spec.network.gateway and not self.model_gateway:
+            missing.append("the model gateway (network.gateway, or mode 'model'): none is configured for it; set "
+                           "`model_gateway` in its config (`orchard serve --model-gateway ...`)")
+        if spec.bundles and not self.harness_bundles:
+            missing.append(f"harness bundles (it cannot mount {', '.join(spec.bundles)})")
         kind = image_kind(spec.image)
         if kind not in self.image_kinds:
             runs = ", ".join(IMAGE_KIND_MEANING[k] for k in sorted(self.image_kinds))
@@ -83,6 +93,10 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     backend: str
+    model_gateway: str | None = Field(
+        default=None, description="the model gateway that sandboxes with network.gateway reach: "
+                                  "unix:/PATH of its socket for backends on this machine, http://HOST:PORT "
+                                  "where sandboxes run elsewhere (see docs/networking.md)")
     # True when the sandboxes run on the orchestrator's own machine: its cores, memory and disk are then
     # the default maxima of a spec (orchard/sandbox/server/spec_limits.py).
     runs_here: ClassVar[bool] = False

@@ -3,12 +3,23 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import AsyncIterator, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NetworkMode = Literal["none", "allowlist", "open"]
+
+# Inside a sandbox with `network.gateway`, the orchestrator's model gateway answers here (plain HTTP on the
+# sandbox's own loopback, relayed by its agent), so a harness is configured with an ordinary OpenAI base URL.
+MODEL_GATEWAY_HOST = "127.0.0.1"
+MODEL_GATEWAY_PORT = 4000
+MODEL_GATEWAY_URL = f"http://{MODEL_GATEWAY_HOST}:{MODEL_GATEWAY_PORT}"
+# Harness bundles named in `SandboxSpec.bundles` are mounted read-only at HARNESS_MOUNT_ROOT/<name>.
+HARNESS_MOUNT_ROOT = "/.orchard/harness"
+MAX_BUNDLES = 16
+BUNDLE_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 # Limits on a spec's strings: past them a sandbox cannot be made anyway (the kernel refuses a path
 # component over 255 bytes, one environment string of 128 KiB or more), so they are refused up front.
@@ -40,12 +51,25 @@ def reserved_env_reason(name: str) -> str | None:
 
 
 class NetworkPolicy(BaseModel):
-    """Egress a sandbox gets. `none` (default): loopback only. `allowlist`: only `allow` (host[:port] or
-    CIDR). `open`: the host's network."""
+    """Egress a sandbox gets. `none` (default): loopback only. `allowlist`: only `allow` (IP[:port] or
+    CIDR). `open`: the host's network. `gateway`: besides that, the orchestrator's model gateway answers at
+    MODEL_GATEWAY_URL inside (and nothing else is added). `mode: "model"` is shorthand for model-only
+    networking, `{"mode": "none", "gateway": true}`."""
 
     model_config = ConfigDict(extra="forbid")
     mode: NetworkMode = "none"
     allow: list[str] = Field(default_factory=list, max_length=256)
+    gateway: bool = Field(default=False, description=f"the model gateway at {MODEL_GATEWAY_URL} inside")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_mode(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("mode") == "model":
+            if data.get("gateway") is False:
+                raise ValueError("network mode 'model' means the model gateway and no other egress; it cannot "
+                                 "have gateway: false")
+            return {**data, "mode": "none", "gateway": True}
+        return data
 
     @model_validator(mode="after")
     def _allow_only_with_allowlist(self) -> "NetworkPolicy":
@@ -73,6 +97,19 @@ class SandboxSpec(BaseModel):
     workdir: str = Field(default="/workspace", max_length=MAX_WORKDIR_CHARS)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
+    bundles: list[str] = Field(default_factory=list, max_length=MAX_BUNDLES,
+                               description=f"harness bundles mounted read-only at {HARNESS_MOUNT_ROOT}/<name>")
+
+    @field_validator("bundles")
+    @classmethod
+    def _bundle_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.match(BUNDLE_NAME_PATTERN, name):
+                raise ValueError(f"bundle name {name[:80]!r} is not valid: lowercase letters, digits, '.', '_' "
+                                 "and '-', starting with a letter or digit, at most 63 characters")
+        if len(set(v)) != len(v):
+            raise ValueError("bundles lists a bundle more than once")
+        return v
 
     @field_validator("workdir")
     @classmethod

@@ -60,8 +60,9 @@ class KubernetesBackend:
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 120.0,
                  max_parallel: int = 16, health_timeout_s: float = 5.0,
                  agent_bundle_dir: Path | None = None, egress_guard: bool = True,
-                 pod_pids_limit: int | None = None) -> None:
+                 pod_pids_limit: int | None = None, model_gateway: str | None = None) -> None:
         k8s_pods.validate_instance(instance)
+        self.model_gateway = model_gateway
         if image_pull_policy not in ("Always", "IfNotPresent", "Never"):
             raise InvalidRequest(f"image_pull_policy {image_pull_policy!r}: use Always, IfNotPresent or Never")
         self.namespace, self.instance = namespace, instance
