@@ -1,6 +1,8 @@
 """The gateway's HTTP API: OpenAI-compatible chat completions and model list, at `/v1/...` (rollout key in
 the `X-Orchard-Rollout-Key` header) and at `/r/{rollout_key}/v1/...` (for harnesses that can only be given a
-base URL), plus `/v1/rollouts/{key}` to set a rollout's budget and to end it and collect its records.
+base URL), plus `/v1/rollouts/{key}` to set a rollout's budget and to end it and collect its records. The
+`/r/{rollout_key}/v1/...` routes also take that rollout's own API key (rollout_keys.py), the credential a
+sandbox gets; everything else takes only the gateway's key.
 
 A request with `"stream": true` is answered as Server-Sent Events once the completion is done: the gateway
 needs the whole response to record it, so the stream carries the finished content in one piece."""
@@ -12,13 +14,14 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Header
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from orchard.core.errors import AuthError, InvalidRequest
 from orchard.core.harness import ROLLOUT_KEY_HEADER
 from orchard.gateway.budget import Budget
 from orchard.gateway.gateway import Gateway, RolloutRecords, RolloutState
+from orchard.gateway.rollout_keys import is_rollout_api_key
 from orchard.gateway.sse import DONE, completion_chunks, sse_event
 from orchard.gateway.wire import ChatCompletionRequest
 from orchard.util.http_errors import install_error_handlers
@@ -46,6 +49,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         return {"status": "ok"}
 
     openai_routes = APIRouter(dependencies=[Depends(_authenticate(gateway))])
+    rollout_routes = APIRouter(dependencies=[Depends(_authenticate(gateway, rollout_scoped=True))])
 
     async def chat_completions(request: ChatCompletionRequest, rollout_key: str | None) -> Response:
         body = await gateway.complete(rollout_key, request)
@@ -60,7 +64,7 @@ def create_app(gateway: Gateway) -> FastAPI:
                               key: str | None = Header(None, alias=ROLLOUT_KEY_HEADER)) -> Response:
         return await chat_completions(request, key)
 
-    @openai_routes.post("/r/{rollout_key}/v1/chat/completions")
+    @rollout_routes.post("/r/{rollout_key}/v1/chat/completions")
     async def keyed_by_path(rollout_key: str, request: ChatCompletionRequest,
                             key: str | None = Header(None, alias=ROLLOUT_KEY_HEADER)) -> Response:
         if key is not None and key != rollout_key:
@@ -73,7 +77,7 @@ def create_app(gateway: Gateway) -> FastAPI:
                                            for alias in gateway.models()]}
 
     openai_routes.add_api_route("/v1/models", models, methods=["GET"])
-    openai_routes.add_api_route("/r/{rollout_key}/v1/models", models, methods=["GET"])
+    rollout_routes.add_api_route("/r/{rollout_key}/v1/models", models, methods=["GET"])
 
     @openai_routes.post("/v1/rollouts/{rollout_key}", response_model=RolloutState)
     async def start_rollout(rollout_key: str, budget: Budget | None = Body(None)) -> RolloutState:
@@ -89,18 +93,28 @@ def create_app(gateway: Gateway) -> FastAPI:
         return gateway.end_rollout(rollout_key)
 
     app.include_router(openai_routes)
+    app.include_router(rollout_routes)
     return app
 
 
-def _authenticate(gateway: Gateway):
-    expected = gateway.config.api_key.get_secret_value().encode() if gateway.config.api_key else None
+def _authenticate(gateway: Gateway, *, rollout_scoped: bool = False):
+    """The gateway's key; with `rollout_scoped` (routes under /r/{rollout_key}/), that rollout's key too."""
+    secret = gateway.config.api_key.get_secret_value() if gateway.config.api_key else None
+    expected = secret.encode() if secret is not None else None
 
-    async def check(authorization: str | None = Header(None)) -> None:
-        if expected is None:
+    async def check(request: Request, authorization: str | None = Header(None)) -> None:
+        if secret is None:
             return
         scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise AuthError("missing or wrong API key: send 'Authorization: Bearer <key>' with the gateway's key "
-                            "(an OpenAI client's api_key)")
+        given = given.strip()
+        if scheme.lower() == "bearer":
+            if hmac.compare_digest(given.encode(), expected):
+                return
+            rollout_key = request.path_params.get("rollout_key")
+            if rollout_scoped and rollout_key and is_rollout_api_key(given, secret, rollout_key):
+                return
+        raise AuthError("missing or wrong API key: send 'Authorization: Bearer <key>' with the gateway's key, or "
+                        "on /r/<rollout key>/v1 that rollout's own key (an OpenAI client's api_key); a rollout's "
+                        "key is good for its own rollout only")
 
     return check

@@ -2,14 +2,18 @@
 evaluator's own model gateway and test servers use.
 
 `with ServerThread(app) as server:` starts it on a free port (`server.port`, `server.url`), returns once it
-accepts connections, and at the end asks it to stop (`should_exit`) and joins the thread."""
+accepts connections, and at the end asks it to stop (`should_exit`) and joins the thread. With
+`unix_socket`, the same server also listens on that Unix socket path (made by the caller's directory
+rules; removed at stop)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from orchard.core.errors import BackendError
@@ -24,8 +28,10 @@ class ServerThread:
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", name: str = "orchard-uvicorn",
                  what: str = "the server", start_timeout_s: float = START_TIMEOUT_S,
-                 stop_timeout_s: float = STOP_TIMEOUT_S, **config: Any) -> None:
+                 stop_timeout_s: float = STOP_TIMEOUT_S, unix_socket: Path | None = None,
+                 unix_socket_mode: int = 0o600, **config: Any) -> None:
         self.app, self.host, self.name, self.what = app, host, name, what
+        self.unix_socket, self.unix_socket_mode = unix_socket, unix_socket_mode
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
         self.config = {"access_log": False, "log_level": "warning", **config}
         self.port = 0
@@ -48,15 +54,25 @@ class ServerThread:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self.host, 0))
         self.port = listener.getsockname()[1]
+        listeners = [listener]
+        if self.unix_socket is not None:
+            try:
+                listeners.append(_unix_listener(self.unix_socket, self.unix_socket_mode))
+            except OSError as exc:
+                listener.close()
+                raise BackendError(f"{self.what} cannot listen on {self.unix_socket}: {exc}") from exc
         self._server = server = uvicorn.Server(uvicorn.Config(self.app, **self.config))
 
         def serve() -> None:
             try:
-                asyncio.run(server.serve(sockets=[listener]))
+                asyncio.run(server.serve(sockets=listeners))
             except BaseException as exc:  # noqa: BLE001 — reported by start() on the caller's thread
                 self._failure = exc
             finally:
-                listener.close()
+                for sock in listeners:
+                    sock.close()
+                if self.unix_socket is not None:
+                    _unlink(self.unix_socket)
 
         self._thread = threading.Thread(target=serve, name=self.name, daemon=True)
         self._thread.start()
@@ -85,3 +101,26 @@ class ServerThread:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _unix_listener(path: Path, mode: int) -> socket.socket:
+    """A listening Unix socket at `path` with `mode` (set before listen, so no connection ever finds it
+    with the umask's). A stale socket file there (a crashed server's) is replaced."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        _unlink(path)
+        sock.bind(str(path))
+        os.chmod(path, mode)
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _unlink(path: Path) -> None:
+    try:
+        if Path(path).is_socket():
+            os.unlink(path)
+    except OSError:
+        pass

@@ -1,5 +1,8 @@
 """Start the agent: `python -m orchard_agent --listen unix:PATH|tcp:HOST:PORT|fd:N [--workdir DIR]
-[--user UID:GID [--agent-user UID:GID] [--init-user UID:GID]]`.
+[--user UID:GID [--agent-user UID:GID] [--init-user UID:GID]] [--gateway unix:PATH|tcp:HOST:PORT]`.
+
+`--gateway`: relay 127.0.0.1:4000 (in the sandbox's network namespace) to the model gateway there; see
+forward.py. It listens before the agent reports READY.
 
 `--user`: the commands' user, and `--agent-user` the agent's own, set before anything is served; see
 identity.py. With `--user`, the agent first tries to give its commands a pid namespace of their own, in
@@ -66,15 +69,18 @@ def _parse_with_argparse(argv):
     parser.add_argument("--user", default=None, help="UID:GID the commands run as (see identity.py)")
     parser.add_argument("--agent-user", default=None, help="UID:GID of the agent itself")
     parser.add_argument("--init-user", default=None, help="UID:GID of the commands' pid namespace init")
+    parser.add_argument("--gateway", default=None,
+                        help="unix:PATH or tcp:HOST:PORT of the model gateway, relayed at 127.0.0.1:4000")
     args = parser.parse_args(argv)
-    return args.listen, args.workdir, args.user, args.agent_user, args.init_user
+    return args.listen, args.workdir, args.user, args.agent_user, args.init_user, args.gateway
 
 
 def parse_args(argv):
     """(listen, workdir). The command lines backends write (`--listen X --workdir Y`, or `--opt=X`) are
     read directly; anything else (--help, a typo, a missing value) goes to argparse, whose import (~1.5 ms)
     every sandbox's start would otherwise pay."""
-    options = {"--listen": None, "--workdir": None, "--user": None, "--agent-user": None, "--init-user": None}
+    options = {"--listen": None, "--workdir": None, "--user": None, "--agent-user": None, "--init-user": None,
+               "--gateway": None}
     i = 0
     while i < len(argv):
         name, equals, value = argv[i].partition("=")
@@ -88,11 +94,11 @@ def parse_args(argv):
     if options["--listen"] is None:
         return _parse_with_argparse(argv)
     return (options["--listen"], options["--workdir"], options["--user"], options["--agent-user"],
-            options["--init-user"])
+            options["--init-user"], options["--gateway"])
 
 
 def main(argv=None):
-    listen, workdir_arg, user, agent_user, init_user = parse_args(sys.argv[1:] if argv is None else argv)
+    listen, workdir_arg, user, agent_user, init_user, gateway = parse_args(sys.argv[1:] if argv is None else argv)
 
     token = _read_token()  # first: once the agent has its identity, the token file is no longer readable
     if user:
@@ -126,6 +132,14 @@ def main(argv=None):
     except OSError as exc:
         _fail("cannot create the workdir %s: %s" % (workdir, exc.strerror))
     os.chdir(workdir)
+    if gateway:
+        # After the pid namespace's fork (no thread may exist then) and as the agent's own user.
+        from .forward import Forwarder
+
+        try:
+            Forwarder(gateway).start()
+        except (ValueError, OSError) as exc:
+            _fail("cannot relay the model gateway at 127.0.0.1:4000 to %s: %s" % (gateway, exc))
     context = AgentContext(token, workdir, dict(os.environ),
                            max_body=_size_from_env("ORCHARD_AGENT_MAX_BODY", DEFAULT_MAX_BODY),
                            max_json=_size_from_env("ORCHARD_AGENT_MAX_JSON", DEFAULT_MAX_JSON))

@@ -23,7 +23,9 @@ What the arguments do:
   Orchard's own state directories (the home with every sandbox's workspace and the state db) covered by
   empty tmpfs mounts, so one sandbox never sees another's files;
 - the agent bundle read-only at /.orchard, and at /.orchard/run a tiny read-only tmpfs holding only the
-  token. The agent's socket is not in the sandbox at all: it is bound on the host and handed to the agent
+  token (and, with `network.gateway`, the model gateway's Unix socket, bound in read-only: the agent
+  relays 127.0.0.1:4000 to it, and the sandbox has no other way out). The agent's socket is not in the
+  sandbox at all: it is bound on the host and handed to the agent
   as an open file descriptor (`--listen fd:N`), so nothing the sandbox can write lies outside its
   writable layer, and the sandbox cannot swap the socket its clients connect to.
 """
@@ -45,6 +47,7 @@ from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
 RUN_MOUNT_POINT = f"{DEFAULT_MOUNT_POINT}/run"
 SOCKET_NAME = "agent.sock"
 TOKEN_NAME = "token"
+GATEWAY_SOCKET = f"{RUN_MOUNT_POINT}/gateway.sock"  # where the model gateway's socket is bound inside
 # /dev/shm is a tmpfs, i.e. memory: this size, or a quarter of memory_mb when that is less (a full
 # /dev/shm cannot be reclaimed by killing processes, so it must leave room for the rest of the sandbox).
 DEFAULT_SHM_MB = 64
@@ -164,6 +167,10 @@ def validate_disk(spec: SandboxSpec) -> None:
 
 
 def validate_network(spec: SandboxSpec) -> None:
+    if spec.network.gateway and spec.network.mode == "open":
+        raise InvalidRequest("network.gateway with mode 'open' is not supported by the local backend: an open "
+                             "sandbox shares the host's network, where no per-sandbox 127.0.0.1:4000 can exist; "
+                             "use mode 'model' (or 'none' with gateway), or reach the gateway at its host address")
     if spec.network.mode == "allowlist":
         raise InvalidRequest("the local backend supports network modes 'none' (loopback only) and 'open'; "
                              "egress allowlists need the Kubernetes backend (NetworkPolicy)")
@@ -270,12 +277,13 @@ def _workdir_parents_args(workdir: str) -> list[str]:
 
 def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bundle_dir: Path,
                hostname: str, env: dict[str, str], info_fd: int, token_fd: int,
-               hidden: Sequence[Path] = (), userns_block_fd: int | None = None) -> list[str]:
+               hidden: Sequence[Path] = (), userns_block_fd: int | None = None,
+               gateway_socket: Path | None = None) -> list[str]:
     """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
     command line; the command itself must follow on the real command line. `token_fd` is read by bwrap
     into /.orchard/run/token. With `userns_block_fd`, bwrap waits on it for the backend to write `id_map`
     into the new user namespace, and the agent keeps the capabilities it needs to switch to the sandbox
-    user (and then drops them)."""
+    user (and then drops them). `gateway_socket`: the model gateway's, bound at GATEWAY_SOCKET."""
     args = ["--unshare-all"]
     if spec.network.mode == "open":
         args.append("--share-net")
@@ -306,8 +314,10 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
             args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
     args += ["--ro-bind", str(bundle_dir), DEFAULT_MOUNT_POINT,
              "--size", str(RUN_TMPFS_BYTES), "--perms", "0755", "--tmpfs", RUN_MOUNT_POINT,
-             "--perms", "0400", "--ro-bind-data", str(token_fd), f"{RUN_MOUNT_POINT}/{TOKEN_NAME}",
-             "--remount-ro", RUN_MOUNT_POINT, "--remount-ro", "/dev"]
+             "--perms", "0400", "--ro-bind-data", str(token_fd), f"{RUN_MOUNT_POINT}/{TOKEN_NAME}"]
+    if gateway_socket is not None:
+        args += ["--ro-bind", str(gateway_socket), GATEWAY_SOCKET]
+    args += ["--remount-ro", RUN_MOUNT_POINT, "--remount-ro", "/dev"]
     if rootfs is None:
         args += ["--remount-ro", "/"]
     args += ["--chdir", spec.workdir if rootfs is None else "/", "--clearenv"]

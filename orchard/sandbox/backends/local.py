@@ -36,6 +36,7 @@ from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, S
                                             bwrap_args, find_bwrap, id_map, remaps_ids, sandbox_env,
                                             validate_disk, validate_image, validate_network)
 from orchard.sandbox.backends.local_config import AGENT_APART_ENV, LocalConfig, local_capabilities
+from orchard.sandbox.backends.local_gateway import agent_gateway_args, gateway_socket_for, model_gateway_socket
 from orchard.sandbox.backends.local_launch import (check_health, launch_argv, protect_workload_init,
                                                    read_info, release_userns, spawn, wait_ready_line,
                                                    writable_subdirs)
@@ -75,7 +76,7 @@ class LocalBackend:
 
     def __init__(self, root_dir: Path | None = None, *, run_dir: Path | None = None,
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0,
-                 agent_apart: bool | None = None) -> None:
+                 agent_apart: bool | None = None, model_gateway: str | None = None) -> None:
         self.root_dir = Path(root_dir) if root_dir is not None else orchard_home() / "sandboxes"
         self.run_base = (Path(run_dir) if run_dir is not None
                          else Path(tempfile.gettempdir()) / f"orchard-run-{os.getuid()}")
@@ -86,12 +87,14 @@ class LocalBackend:
         self._bwrap: str | None = None
         self._bundle: AgentBundle | None = None
         self._children: dict[str, subprocess.Popen] = {}
-        self.capabilities = local_capabilities()
+        self.gateway_socket = model_gateway_socket(model_gateway)  # network.gateway's (unix:/PATH)
+        self.capabilities = local_capabilities(model_gateway=self.gateway_socket is not None)
 
     @classmethod
     def from_config(cls, config: LocalConfig) -> "LocalBackend":
         return cls(config.root_dir, run_dir=config.run_dir, bundle_cache_dir=config.bundle_cache_dir,
-                   ready_timeout_s=config.ready_timeout_s, agent_apart=config.agent_apart)
+                   ready_timeout_s=config.ready_timeout_s, agent_apart=config.agent_apart,
+                   model_gateway=config.model_gateway)
 
     # ---- paths ---------------------------------------------------------------------------------------
 
@@ -160,6 +163,7 @@ class LocalBackend:
             raise InvalidRequest(f"sandbox id {sandbox_id!r} is not valid: use 1-128 letters, digits, "
                                  "'_', '.' or '-', starting with a letter or digit")
         validate_network(spec)
+        gateway_socket = gateway_socket_for(spec, self.gateway_socket)
         validate_disk(spec)
         check_cpu_floor(spec)
         rootfs = validate_image(spec)
@@ -212,12 +216,13 @@ class LocalBackend:
                 agent_argv += ["--user", SANDBOX_USER, "--init-user", INIT_USER]
                 if self.agent_apart:
                     agent_argv += ["--agent-user", AGENT_USER]
+            agent_argv += agent_gateway_args(gateway_socket)
             owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
             proc, info_r, userns_w = spawn(
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
                 lambda info_fd, token_fd, block_fd: bwrap_args(
                     spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd, token_fd,
-                    hidden=self._hidden_paths(), userns_block_fd=block_fd),
+                    hidden=self._hidden_paths(), userns_block_fd=block_fd, gateway_socket=gateway_socket),
                 paths, token, listener.fileno(), block_userns=remap)
             listener.close()  # the agent has it now
             self._children[sandbox_id] = proc

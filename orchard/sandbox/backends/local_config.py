@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import ClassVar, Literal, Mapping
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from orchard.core.backend import BackendCapabilities, BackendConfig
 
@@ -27,16 +27,35 @@ class LocalConfig(BackendConfig):
     agent_apart: bool = Field(default=False, description="run the agent under a uid of its own (root only; "
                                                          f"{AGENT_APART_ENV}=1); see docs/local-backend.md")
 
+    @field_validator("model_gateway")
+    @classmethod
+    def _gateway_socket(cls, value: str | None) -> str | None:
+        gateway_socket_path(value)
+        return value
+
     @classmethod
     def from_env(cls, home: Path, environ: Mapping[str, str]) -> "LocalConfig":
         return cls(root_dir=home / "sandboxes", bundle_cache_dir=home / "cache",
                    agent_apart=environ.get(AGENT_APART_ENV) == "1")
 
 
-def local_capabilities() -> BackendCapabilities:
+def gateway_socket_path(model_gateway: str | None) -> Path | None:
+    """The socket of `model_gateway` (`unix:/PATH`); ValueError for any other form: sandboxes here have no
+    network to reach a TCP address through."""
+    if model_gateway is None:
+        return None
+    kind, _, path = model_gateway.partition(":")
+    if kind != "unix" or not path.startswith("/"):
+        raise ValueError(f"model_gateway {model_gateway!r} does not fit the local backend: give the gateway's "
+                         "Unix socket as unix:/PATH (sandboxes here get it bound in; they have no network to "
+                         "reach a TCP address through)")
+    return Path(path)
+
+
+def local_capabilities(model_gateway: bool = False) -> BackendCapabilities:
     """Network 'none' (loopback only) and 'open'; every limit, `disk_mb` only as root (a size-limited
     tmpfs needs the mount). Whether this machine's cgroups have each controller is checked per spec at
     create (local_limits.py): a limit they cannot hold is refused there."""
     limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if os.geteuid() == 0 else set())
     return BackendCapabilities(network_modes=frozenset({"none", "open"}), limits=frozenset(limits),
-                               image_kinds=frozenset({"host", "rootfs"}))
+                               image_kinds=frozenset({"host", "rootfs"}), model_gateway=model_gateway)

@@ -1,0 +1,178 @@
+"""Model-only networking on the local backend, on real parts: the scripted model server behind the
+evaluation's own gateway (LocalGateway, TCP and its Unix socket), real bubblewrap sandboxes with
+`network.mode = "model"`, and a harness's view from inside (the bundled agent's forwarder at
+127.0.0.1:4000). From inside, the gateway answers for the sandbox's own rollout and nothing else is
+reachable; asking for a gateway where none is configured is refused by name, leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from orchard.core.errors import BackendError, InvalidRequest
+from orchard.core.sandbox import MODEL_GATEWAY_URL, NetworkPolicy, SandboxSpec
+from orchard.eval.local_gateway import LocalGateway
+from orchard.gateway.config import GatewayConfig, ModelRoute
+from orchard.sandbox.agent_client import AgentSandbox
+from orchard.sandbox.backends.local import LocalBackend
+from orchard.sandbox.backends.local_config import LocalConfig
+from orchard.sandbox.bundle import ensure_agent_bundle
+from orchard.testing.scripted_model import create_scripted_app
+from orchard.testing.scripted_script import Script
+from orchard.util.uvicorn_thread import ServerThread
+
+MODEL = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+# What a harness inside runs: one OpenAI-style call with the standard library, printing status and body.
+CALL = r"""
+import json, sys, urllib.error, urllib.request
+url, key, body = sys.argv[1], sys.argv[2], sys.argv[3]
+request = urllib.request.Request(url, data=body.encode() if body else None,
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=30) as response:
+        print(response.status); print(response.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code); print(e.read().decode())
+"""
+# Whether a TCP connection to host:port gets through (prints "connected" or the error's name).
+CONNECT = r"""
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close(); print("connected")
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway() -> LocalGateway:
+    script = Script.parse({"responses": [{"content": "hello from the gateway"}], "loop": True}, where="test")
+    with ServerThread(create_scripted_app(script), what="the scripted model server") as model:
+        config = GatewayConfig(models={"policy": ModelRoute(model="openai/scripted", api_base=f"{model.url}/v1",
+                                                            api_key="unused")})
+        with LocalGateway(config) as gw:
+            yield gw
+
+
+@pytest.fixture(scope="module")
+def bundle_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("bundle-cache")
+    ensure_agent_bundle(cache)
+    return cache
+
+
+@pytest.fixture
+async def backend(tmp_path, bundle_cache, gateway):
+    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache, model_gateway=gateway.model_gateway)
+    yield b
+    for sb in await b.list_live():
+        await b.delete(sb)
+    await b.close()
+
+
+@pytest.fixture
+async def sandbox(backend):
+    spec = SandboxSpec(network=NetworkPolicy(mode="model"))
+    token = secrets.token_hex(16)
+    sb = await backend.create(f"m{secrets.token_hex(5)}", spec, token)
+    agent = AgentSandbox(sb.id, sb.agent_url, token, workdir=spec.workdir)
+    yield agent
+    await agent.close()
+    await backend.delete(sb)
+
+
+async def call_inside(agent: AgentSandbox, url: str, key: str, body: dict | None = None) -> tuple[int, str]:
+    result = await agent.exec([sys.executable, "-c", CALL, url, key, json.dumps(body) if body else ""])
+    assert result.exit_code == 0, result.stderr
+    status, _, text = result.stdout.partition("\n")
+    return int(status), text
+
+
+async def reaches(agent: AgentSandbox, host: str, port: int) -> str:
+    result = await agent.exec([sys.executable, "-c", CONNECT, host, str(port)])
+    assert result.exit_code == 0, result.stderr
+    return result.stdout.strip()
+
+
+async def test_a_chat_call_from_inside_is_answered_and_recorded_under_its_rollout(sandbox, gateway):
+    key = f"rollout-{secrets.token_hex(4)}"
+    assert gateway.rollout_base_url(key) == f"{MODEL_GATEWAY_URL}/r/{key}/v1"
+    status, text = await call_inside(sandbox, f"{gateway.rollout_base_url(key)}/chat/completions",
+                                     gateway.rollout_api_key(key), MODEL)
+    assert status == 200, text
+    assert json.loads(text)["choices"][0]["message"]["content"] == "hello from the gateway"
+    # streamed: the events come through the forwarder as the gateway wrote them
+    status, text = await call_inside(sandbox, f"{gateway.rollout_base_url(key)}/chat/completions",
+                                     gateway.rollout_api_key(key), {**MODEL, "stream": True})
+    assert status == 200 and text.rstrip().endswith("data: [DONE]"), text
+    assert "hello from the gateway" in "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in text.splitlines() if line.startswith("data: {"))
+    calls = gateway.end_rollout(key)
+    assert [call.rollout_key for call in calls] == [key, key]
+
+
+async def test_a_rollout_key_is_good_for_its_own_rollout_only(sandbox, gateway):
+    mine, other = f"mine-{secrets.token_hex(4)}", f"other-{secrets.token_hex(4)}"
+    # another rollout's routes: refused, and nothing is billed to it
+    status, text = await call_inside(sandbox, f"{gateway.rollout_base_url(other)}/chat/completions",
+                                     gateway.rollout_api_key(mine), MODEL)
+    assert status == 401 and "its own rollout only" in text
+    assert gateway.end_rollout(other) == []
+    # nor the gateway's own routes (rollout budgets and records)
+    status, _ = await call_inside(sandbox, f"{MODEL_GATEWAY_URL}/v1/rollouts/{mine}", gateway.rollout_api_key(mine))
+    assert status == 401
+    status, _ = await call_inside(sandbox, f"{MODEL_GATEWAY_URL}/v1/chat/completions",
+                                  gateway.rollout_api_key(mine), MODEL)
+    assert status == 401
+
+
+async def test_nothing_but_the_gateway_is_reachable_from_inside(sandbox, gateway):
+    with socket.socket() as host_server:  # a service on the host's loopback
+        host_server.bind(("127.0.0.1", 0))
+        host_server.listen()
+        host_port = host_server.getsockname()[1]
+        assert await reaches(sandbox, "127.0.0.1", 4000) == "connected"
+        assert await reaches(sandbox, "127.0.0.1", host_port) == "ConnectionRefusedError"  # the sandbox's own lo
+        # the gateway's (an orchestrator's) TCP port on the host, and the internet
+        assert await reaches(sandbox, "127.0.0.1", gateway.port) == "ConnectionRefusedError"
+        assert await reaches(sandbox, "1.1.1.1", 80) in ("OSError", "TimeoutError", "ConnectionRefusedError")
+    ifaces = await sandbox.exec(["cat", "/proc/net/dev"])
+    assert [line.split(":")[0].strip() for line in ifaces.stdout.splitlines()[2:]] == ["lo"]
+
+
+async def test_a_gateway_without_a_configured_one_is_refused_by_name(tmp_path, bundle_cache):
+    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache)
+    spec = SandboxSpec(network=NetworkPolicy(mode="model"))
+    assert any("model gateway" in phrase for phrase in backend.capabilities.lacks(spec))
+    with pytest.raises(InvalidRequest, match="model network without a gateway"):
+        await backend.create("nogw", spec, "t" * 16)
+    assert not (tmp_path / "sandboxes" / "nogw").exists()
+
+
+async def test_a_gateway_that_is_not_listening_is_a_clear_error_leaving_nothing(tmp_path, bundle_cache):
+    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache,
+                           model_gateway=f"unix:{tmp_path}/absent.sock")
+    with pytest.raises(BackendError, match="start the gateway"):
+        await backend.create("down", SandboxSpec(network=NetworkPolicy(mode="model")), "t" * 16)
+    assert not (tmp_path / "sandboxes" / "down").exists()
+
+
+async def test_open_mode_with_the_gateway_is_refused(backend):
+    with pytest.raises(InvalidRequest, match="shares the host's network"):
+        await backend.create("open", SandboxSpec(network=NetworkPolicy(mode="open", gateway=True)), "t" * 16)
+
+
+def test_a_tcp_gateway_does_not_fit_the_local_backend(tmp_path):
+    with pytest.raises(ValidationError, match="does not fit the local backend"):
+        LocalConfig(model_gateway="http://10.0.0.1:4000")
+    with pytest.raises(InvalidRequest, match="unix:/PATH"):
+        LocalBackend(tmp_path, model_gateway="tcp:127.0.0.1:4000")
+    assert LocalBackend(tmp_path, model_gateway="unix:/run/gw.sock").capabilities.model_gateway
+    assert not LocalBackend(tmp_path).capabilities.model_gateway
