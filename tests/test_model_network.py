@@ -176,3 +176,47 @@ def test_a_tcp_gateway_does_not_fit_the_local_backend(tmp_path):
         LocalBackend(tmp_path, model_gateway="tcp:127.0.0.1:4000")
     assert LocalBackend(tmp_path, model_gateway="unix:/run/gw.sock").capabilities.model_gateway
     assert not LocalBackend(tmp_path).capabilities.model_gateway
+
+
+# ---- configuring it ---------------------------------------------------------------------------------------
+
+def test_orchard_serve_sets_the_backends_model_gateway_and_refuses_a_form_that_does_not_fit(tmp_path):
+    from typer.testing import CliRunner
+
+    from orchard.cli.main import _backend_config, app
+    from orchard.sandbox.backends.registry import create_backend
+
+    config = _backend_config("local", None, tmp_path, f"unix:{tmp_path}/gw.sock")
+    assert config.model_gateway == f"unix:{tmp_path}/gw.sock"
+    assert create_backend(config).capabilities.model_gateway
+    result = CliRunner().invoke(app, ["serve", "--model-gateway", "http://10.0.0.1:4000"],
+                                env={"ORCHARD_HOME": str(tmp_path)})
+    assert result.exit_code == 2 and "does not fit the local backend" in " ".join(result.output.split())
+
+
+@pytest.mark.slow
+def test_orchard_gateway_also_listens_on_a_unix_socket(tmp_path):
+    import subprocess
+    import time
+
+    import httpx
+
+    from tests.running_server import free_port
+
+    sock = tmp_path / "gw.sock"
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "orchard.cli.main", "gateway", "--port", str(port),
+                                "--socket", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not sock.is_socket() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock), retries=20)) as client:
+            response = client.get("http://gateway/r/k/v1/models")
+        assert response.status_code == 200 and response.json()["object"] == "list"
+        assert sock.stat().st_mode & 0o777 == 0o666  # sandboxes' uids connect; the directory guards it
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert not sock.exists()

@@ -18,6 +18,10 @@ def gateway(
     config: Annotated[Optional[Path], typer.Option(
         help="Gateway config (JSON/YAML): model aliases, budgets, API key. See docs/gateway.md.")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    socket: Annotated[Optional[Path], typer.Option(
+        dir_okay=False, help="Also listen on this Unix socket, for sandboxes with model-only networking "
+                             "(`orchard serve --model-gateway unix:PATH`). Put it in a directory only you can "
+                             "enter: the socket itself accepts any user. See docs/networking.md.")] = None,
 ) -> None:
     """Serve the model gateway (OpenAI-compatible, records every call).
 
@@ -32,8 +36,9 @@ def gateway(
         fail(str(exc))
     aliases = ", ".join(sorted(loaded.models)) or "none"
     err.print(f"model gateway on http://{escape(host)}:{port}/v1 — aliases: {escape(aliases)}"
-              f"{' (any litellm model allowed)' if loaded.allow_any_model else ''}")
+              f"{' (any litellm model allowed)' if loaded.allow_any_model else ''}"
+              f"{f' and unix:{escape(str(socket))}' if socket else ''}")
     try:
-        serve(host, port, loaded, log_level=log_level)
+        serve(host, port, loaded, log_level=log_level, unix_socket=socket)
     except OrchardError as exc:
         fail(str(exc))

@@ -16,6 +16,7 @@ from orchard.cli import eval as eval_cli
 from orchard.cli import export as export_cli
 from orchard.cli import gateway as gateway_cli
 from orchard.cli import harness as harness_cli
+from orchard.cli import image as image_cli
 from orchard.cli import model as model_cli
 from orchard.cli import report as report_cli
 from orchard.cli import sandbox as sandbox_cli
@@ -29,6 +30,7 @@ app = typer.Typer(name="orchard", no_args_is_help=True, pretty_exceptions_enable
 app.add_typer(sandbox_cli.app, name="sandbox")
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(harness_cli.app, name="harness")
+app.add_typer(image_cli.app, name="image")
 app.add_typer(model_cli.app, name="model")
 app.add_typer(backend_cli.app, name="backend")
 app.add_typer(export_cli.app, name="export")
@@ -62,6 +64,11 @@ def serve(
         dir_okay=False, help="A JSON or YAML file with the backend's config: a mapping with 'backend' (its "
                              "name) and any of its fields (`orchard backend list` names them); fields not "
                              "given keep the defaults from the environment.")] = None,
+    model_gateway: Annotated[Optional[str], typer.Option(
+        envvar="ORCHARD_MODEL_GATEWAY", show_envvar=True,
+        help="The model gateway sandboxes with network.gateway (mode 'model') reach at 127.0.0.1:4000 inside: "
+             "unix:/PATH of its socket for local and docker, http://HOST:PORT for kubernetes; sets the backend "
+             "config's model_gateway. See docs/networking.md.")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(
         envvar="ORCHARD_API_KEY_FILE", show_envvar=True, dir_okay=False,
         help="File holding the key clients must send as 'Authorization: Bearer KEY' (or set ORCHARD_API_KEY). "
@@ -104,7 +111,7 @@ def serve(
              "(ps, /proc). Set ORCHARD_API_KEY or pass --api-key-file FILE instead.", code=2)
     key = read_api_key_file(api_key_file) if api_key_file else os.environ.get("ORCHARD_API_KEY", "").strip()
     try:
-        config = _backend_config(backend, backend_config, resolve_home(home))
+        config = _backend_config(backend, backend_config, resolve_home(home), model_gateway)
         limits = spec_limits(config, resolve_home(home), {
             "cpu": max_cpu, "memory_mb": max_memory_mb, "disk_mb": max_disk_mb, "max_processes": max_processes,
             "timeout_s": max_timeout_s})
@@ -127,15 +134,21 @@ def serve(
         fail(str(exc))
 
 
-def _backend_config(name: str | None, path: Path | None, home: Path):
+def _backend_config(name: str | None, path: Path | None, home: Path, model_gateway: str | None = None):
     """The config `orchard serve` runs: from --backend-config when given (its 'backend' must agree with
-    --backend when both are given), else backend `name`'s defaults (default local)."""
+    --backend when both are given), else backend `name`'s defaults (default local); `model_gateway`, when
+    given, replaces the config's."""
     from orchard.sandbox.backends.registry import backend_config, parse_backend_config
     from orchard.util.config_files import read_config_file
 
     if path is None:
-        return backend_config(name or "local", home)
+        config = backend_config(name or "local", home)
+        if model_gateway is None:
+            return config
+        return parse_backend_config({**config.model_dump(), "model_gateway": model_gateway}, home)
     data = read_config_file(path, "backend config")
+    if model_gateway is not None:
+        data["model_gateway"] = model_gateway
     data.setdefault("backend", name or "local")
     if name is not None and data["backend"] != name:
         raise InvalidRequest(f"--backend {name} but the backend config {path} is for {data['backend']!r}; "
