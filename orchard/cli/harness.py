@@ -1,12 +1,18 @@
 """`orchard harness list`: every harness registered (built in or by a plugin package), with the version each
-records in its trajectories."""
+records in its trajectories; `orchard harness build` / `bundles`: harness bundles, built and listed."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from orchard.cli.plugins import print_plugins
+from orchard.cli.sandbox import err, fail, out
 
 app = typer.Typer(help="Harnesses: the agent loops `orchard eval --harness NAME` can run.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -25,3 +31,72 @@ def _version(info) -> str:
     if info.problem:
         return f"[red]cannot import: {escape(info.problem)}[/]"
     return escape(info.version or "")
+
+
+CacheOption = Annotated[Optional[Path], typer.Option(
+    "--cache-dir", file_okay=False,
+    help="Where bundles are built and found (default $ORCHARD_HOME/cache, what `orchard serve` uses).")]
+
+
+@app.command("build")
+def build_command(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Bundles to build (`orchard harness bundles`).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Build every registered bundle.")] = False,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Build again even when built.")] = False,
+    cache_dir: CacheOption = None,
+) -> None:
+    """Build harness bundles: each harness's own Python and pinned packages, from Debian and PyPI, mounted
+    read-only at /.orchard/harness/NAME into sandboxes that ask for it (docs/harness-bundles.md)."""
+    from orchard.core.errors import OrchardError
+    from orchard.core.harness_bundle import bundle_spec_names, get_bundle_spec
+    from orchard.sandbox.bundle import default_cache_dir
+    from orchard.sandbox.harness_bundles.build import ensure_bundle
+
+    if all_ == bool(names):
+        fail("name the bundles to build, or pass --all (not both); `orchard harness bundles` lists them", code=2)
+    cache = cache_dir or default_cache_dir()
+    failed = 0
+    for name in bundle_spec_names() if all_ else names or []:
+        started = time.monotonic()
+        try:
+            spec = get_bundle_spec(name)
+            with err.status(f"{escape(name)}: starting") as status:
+                built = ensure_bundle(spec, cache, rebuild=rebuild,
+                                      progress=lambda step: status.update(f"{escape(name)}: {escape(step)}"))
+        except OrchardError as exc:
+            err.print(f"[bold red]error:[/] {escape(str(exc))}")
+            failed += 1
+            continue
+        m = built.manifest
+        out.print(f"[green]✓[/] {escape(name)}: Python {m.python_version}, {len(m.installed)} distributions, "
+                  f"{m.size_bytes / 1e6:.0f} MB ({time.monotonic() - started:.1f} s) → {escape(str(built.path))}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("bundles")
+def bundles_command(cache_dir: CacheOption = None) -> None:
+    """Every registered harness bundle (built in or from a plugin) and whether it is built here."""
+    from orchard.core.errors import OrchardError
+    from orchard.core.harness_bundle import BUNDLE_ENTRY_POINT_GROUP, bundle_spec_names, get_bundle_spec
+    from orchard.sandbox.bundle import default_cache_dir
+    from orchard.sandbox.harness_bundles.store import read_built
+
+    cache = cache_dir or default_cache_dir()
+    table = Table(title="harness bundles")
+    for column in ("name", "python", "requirements", "built"):
+        table.add_column(column, overflow="fold")
+    for name in bundle_spec_names():
+        try:
+            spec = get_bundle_spec(name)
+        except OrchardError as exc:
+            table.add_row(escape(name), "", "", f"[red]{escape(str(exc))}[/]")
+            continue
+        built = read_built(cache, spec)
+        state = (f"[green]yes[/] ({built.manifest.size_bytes / 1e6:.0f} MB)" if built
+                 else f"no: orchard harness build {escape(name)}")
+        table.add_row(escape(name), spec.python, escape(" ".join(spec.requirements + spec.debian_packages)), state)
+    out.print(table)
+    if not bundle_spec_names():
+        out.print(f"no harness bundle is registered: a package adds one with an entry point in the "
+                  f"{BUNDLE_ENTRY_POINT_GROUP!r} group (see docs/harness-bundles.md)")

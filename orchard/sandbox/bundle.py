@@ -8,6 +8,7 @@ Layout (one directory, mounted read-only into sandboxes, by default at `/.orchar
                             plus the dynamic loader its PT_INTERP names
     runtime/lib/pythonX.Y/  the standard library, pruned (tests, GUI, packaging, site-packages)
     run/                    empty mount point for the per-sandbox socket directory
+    harness/                empty mount point for harness bundles (a small tmpfs holding their mounts)
     manifest.json           `BundleManifest`
 
 The agent is started THROUGH the bundled loader with `--library-path`, so neither the image's libc nor
@@ -36,7 +37,7 @@ from pydantic import BaseModel
 
 from orchard.core.errors import BackendError
 
-BUNDLE_FORMAT = 1
+BUNDLE_FORMAT = 2  # 2: the empty harness/ mount point
 AGENT_PACKAGE = "orchard_agent"
 AGENT_SOURCE_DIR = Path(__file__).resolve().parent / "agent"
 DEFAULT_MOUNT_POINT = "/.orchard"
@@ -171,6 +172,7 @@ def _build_into(root: Path, key: str, agent_dir: Path) -> str:
     libdir = runtime / "lib"
     (runtime / "bin").mkdir(parents=True)
     (root / "run").mkdir()
+    (root / "harness").mkdir()
     exe = Path(os.path.realpath(sys.executable))
     shutil.copy2(exe, runtime / "bin" / "python3")
 

@@ -22,6 +22,8 @@ What the arguments do:
   `host`) are directories of the writable layer, so they count against `disk_mb` like the workspace;
   Orchard's own state directories (the home with every sandbox's workspace and the state db) covered by
   empty tmpfs mounts, so one sandbox never sees another's files;
+- with `spec.bundles`, a tiny read-only tmpfs at /.orchard/harness holding a read-only bind of each
+  built harness bundle at /.orchard/harness/<name> (docs/harness-bundles.md);
 - the agent bundle read-only at /.orchard, and at /.orchard/run a tiny read-only tmpfs holding only the
   token (and, with `network.gateway`, the model gateway's Unix socket, bound in read-only: the agent
   relays 127.0.0.1:4000 to it, and the sandbox has no other way out). The agent's socket is not in the
@@ -41,7 +43,7 @@ from typing import Sequence
 from pydantic import BaseModel
 
 from orchard.core.errors import BackendError, InvalidRequest
-from orchard.core.sandbox import SandboxSpec
+from orchard.core.sandbox import HARNESS_MOUNT_ROOT, SandboxSpec
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
 
 RUN_MOUNT_POINT = f"{DEFAULT_MOUNT_POINT}/run"
@@ -52,6 +54,7 @@ GATEWAY_SOCKET = f"{RUN_MOUNT_POINT}/gateway.sock"  # where the model gateway's 
 # /dev/shm cannot be reclaimed by killing processes, so it must leave room for the rest of the sandbox).
 DEFAULT_SHM_MB = 64
 RUN_TMPFS_BYTES = 64 << 10  # /.orchard/run: the token and nothing else
+HARNESS_TMPFS_BYTES = 64 << 10  # /.orchard/harness: the bundles' mount points and nothing else
 # Root's sandboxes: sandbox ids 0..REMAP_COUNT-1 are host ids REMAP_BASE.., and host root is REMAP_COUNT.
 REMAP_BASE = 100000
 REMAP_COUNT = 65535
@@ -278,12 +281,14 @@ def _workdir_parents_args(workdir: str) -> list[str]:
 def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bundle_dir: Path,
                hostname: str, env: dict[str, str], info_fd: int, token_fd: int,
                hidden: Sequence[Path] = (), userns_block_fd: int | None = None,
-               gateway_socket: Path | None = None) -> list[str]:
+               gateway_socket: Path | None = None,
+               harness_bundles: Sequence[tuple[str, Path]] = ()) -> list[str]:
     """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
     command line; the command itself must follow on the real command line. `token_fd` is read by bwrap
     into /.orchard/run/token. With `userns_block_fd`, bwrap waits on it for the backend to write `id_map`
     into the new user namespace, and the agent keeps the capabilities it needs to switch to the sandbox
-    user (and then drops them). `gateway_socket`: the model gateway's, bound at GATEWAY_SOCKET."""
+    user (and then drops them). `gateway_socket`: the model gateway's, bound at GATEWAY_SOCKET.
+    `harness_bundles`: (name, host directory) pairs, mounted read-only at HARNESS_MOUNT_ROOT/<name>."""
     args = ["--unshare-all"]
     if spec.network.mode == "open":
         args.append("--share-net")
@@ -318,6 +323,11 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
     if gateway_socket is not None:
         args += ["--ro-bind", str(gateway_socket), GATEWAY_SOCKET]
     args += ["--remount-ro", RUN_MOUNT_POINT, "--remount-ro", "/dev"]
+    if harness_bundles:  # a tiny read-only tmpfs holding only the bundles' mount points
+        args += ["--size", str(HARNESS_TMPFS_BYTES), "--perms", "0755", "--tmpfs", HARNESS_MOUNT_ROOT]
+        for name, path in harness_bundles:
+            args += ["--ro-bind", str(path), f"{HARNESS_MOUNT_ROOT}/{name}"]
+        args += ["--remount-ro", HARNESS_MOUNT_ROOT]
     if rootfs is None:
         args += ["--remount-ro", "/"]
     args += ["--chdir", spec.workdir if rootfs is None else "/", "--clearenv"]

@@ -45,6 +45,7 @@ from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, ch
                                                   process_running, process_start_time, read_record,
                                                   write_record)
 from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
+from orchard.sandbox.harness_bundles.store import require_built
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,8 @@ class LocalBackend:
         validate_disk(spec)
         check_cpu_floor(spec)
         rootfs = validate_image(spec)
+        harness_bundles = [(built.manifest.spec.name, built.path)
+                           for built in require_built(spec.bundles, self.bundle_cache_dir)]
         bwrap, bundle = await self._resources()
         env = sandbox_env(spec, rootfs, bundle.launch_env())
         paths = self._paths(sandbox_id)
@@ -222,7 +225,8 @@ class LocalBackend:
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
                 lambda info_fd, token_fd, block_fd: bwrap_args(
                     spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd, token_fd,
-                    hidden=self._hidden_paths(), userns_block_fd=block_fd, gateway_socket=gateway_socket),
+                    hidden=self._hidden_paths(), userns_block_fd=block_fd, gateway_socket=gateway_socket,
+                    harness_bundles=harness_bundles),
                 paths, token, listener.fileno(), block_userns=remap)
             listener.close()  # the agent has it now
             self._children[sandbox_id] = proc

@@ -58,4 +58,5 @@ def local_capabilities(model_gateway: bool = False) -> BackendCapabilities:
     create (local_limits.py): a limit they cannot hold is refused there."""
     limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if os.geteuid() == 0 else set())
     return BackendCapabilities(network_modes=frozenset({"none", "open"}), limits=frozenset(limits),
-                               image_kinds=frozenset({"host", "rootfs"}), model_gateway=model_gateway)
+                               image_kinds=frozenset({"host", "rootfs"}), model_gateway=model_gateway,
+                               harness_bundles=True)

@@ -1,0 +1,2 @@
+"""Kimi-CLI (PyPI `kimi-cli`), run inside the sandbox from its harness bundle (bundle.py); the adapter that
+drives it comes with the in-sandbox harnesses."""

@@ -1,0 +1,12 @@
+"""The OpenHands SDK's harness bundle: a library, so its entry is the bundle's Python (the adapter runs its
+driver script with it). The SDK prints a banner on import unless told not to."""
+
+from orchard.core.harness_bundle import HarnessBundleSpec
+
+SPEC = HarnessBundleSpec(
+    name="openhands",
+    python="3.13",
+    requirements=["openhands-sdk==1.58.2", "openhands-tools==1.58.2"],
+    entry=["python"],
+    env={"OPENHANDS_SUPPRESS_BANNER": "1"},
+)

@@ -1,0 +1,202 @@
+"""Harness bundles, built for real (Debian's Python 3.13 from deb.debian.org, a pin from PyPI) and mounted
+into real local sandboxes: on the host image and on a rootfs with no Python at all, read-only; concurrent
+builders; a failing build leaves nothing; unknown and unbuilt bundles are refused before anything exists;
+the CLI. The big built-in bundles are built by one slow test."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from orchard.core.errors import InvalidRequest
+from orchard.core.harness_bundle import HarnessBundleSpec, get_bundle_spec
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.backends.local import LocalBackend
+from orchard.sandbox.harness_bundles.build import ensure_bundle
+from orchard.sandbox.harness_bundles.store import require_built
+from tests.harness_bundle_rig import TINY, TINY_SPEC, UNBUILT, register_test_bundles, shared_downloads
+from tests.test_local_backend import busybox_rootfs, running  # noqa: F401  (a fixture)
+
+MOUNT = f"/.orchard/harness/{TINY}"
+
+
+@pytest.fixture(scope="session")
+def bundle_home(tmp_path_factory) -> Path:
+    """An Orchard home whose cache holds the agent bundle and the tiny harness bundle, built once."""
+    home = tmp_path_factory.mktemp("harness-home")
+    register_test_bundles(tmp_path_factory.mktemp("bundle-site"))
+    started = time.monotonic()
+    built = ensure_bundle(get_bundle_spec(TINY), home / "cache", downloads=shared_downloads())
+    print(f"tiny harness bundle: built in {time.monotonic() - started:.1f} s, {built.manifest.size_bytes >> 20} MB")
+    return home
+
+
+@pytest.fixture
+async def backend(tmp_path, bundle_home):
+    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_home / "cache")
+    yield b
+    for sb in await b.list_live():
+        await b.delete(sb)
+
+
+def _leftovers(cache: Path, name: str) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if p.name.lstrip(".").startswith(f"harness-{name}-"))
+
+
+# ---- the spec --------------------------------------------------------------------------------------------
+
+def test_a_spec_takes_exact_pins_only_and_resolves_its_entry_at_the_mount_point():
+    with pytest.raises(ValueError, match="exact pin"):
+        HarnessBundleSpec(name="x", requirements=["tabulate>=0.9"])
+    with pytest.raises(ValueError, match="Debian package"):
+        HarnessBundleSpec(name="x", debian_packages=["Rip Grep"])
+    spec = HarnessBundleSpec(name="x", requirements=["a[b,c]==1.0"], entry=["tool", "--flag"],
+                             env={"HOME_OF": "{bundle}/data"})
+    assert spec.entry_argv("more") == ["/.orchard/harness/x/venv/bin/tool", "--flag", "more"]
+    assert spec.entry_env() == {"HOME_OF": "/.orchard/harness/x/data"}
+
+
+def test_builtin_specs_are_found_by_name():
+    for name in ("kimi-cli", "openhands", "mini-swe-agent"):
+        assert get_bundle_spec(name).name == name
+    assert get_bundle_spec("kimi-cli").requirements == ["kimi-cli==1.51.0"]  # 1.52.0 is a stub
+    assert "ripgrep" in get_bundle_spec("kimi-cli").debian_packages
+
+
+# ---- in sandboxes ----------------------------------------------------------------------------------------
+
+PROBE = (f"{MOUNT}/venv/bin/python -c 'import sys, tabulate; print(sys.version_info[:2], tabulate.__file__)'; "
+         f"printf 'a 1\\nb 2\\n' | {MOUNT}/venv/bin/tabulate; "
+         f"echo '{{\"k\": 1}}' | {MOUNT}/venv/bin/python -m json.tool --compact; "
+         f"touch {MOUNT}/venv/x 2>/dev/null && echo WROTE-BUNDLE; "
+         f"mkdir /.orchard/harness/y 2>/dev/null && echo WROTE-ROOT; echo done")
+
+
+def _check_probe(stdout: str, stderr: str = "") -> None:
+    stdout = stdout + stderr
+    assert "(3, 13)" in stdout and f"{MOUNT}/venv/lib/python3.13/site-packages/tabulate" in stdout, stdout
+    assert "-  -" in stdout and "a  1" in stdout, stdout  # the console script ran
+    assert '{"k":1}' in stdout, stdout  # -m of the bundle's own modules
+    assert "WROTE" not in stdout and "\ndone\n" in stdout, stdout  # read-only, bundle and mount root
+
+
+async def test_the_bundle_runs_on_the_host_image(backend):
+    async with running(backend, SandboxSpec(bundles=[TINY])) as (_, agent):
+        r = await agent.exec(PROBE)
+        assert r.ok, r.stderr
+        _check_probe(r.stdout, r.stderr)
+        # The task's own tools are the host's: the bundle leaks no library path into them.
+        r = await agent.exec("python3 -c 'import sys; print(sys.version_info[:2])'; echo LD=$LD_LIBRARY_PATH")
+        assert "(3, 13)" not in r.stdout and r.stdout.split()[-1] == "LD=", r.stdout
+
+
+async def test_the_bundle_runs_on_a_rootfs_without_python(backend, busybox_rootfs):  # noqa: F811
+    spec = SandboxSpec(image=str(busybox_rootfs), bundles=[TINY])
+    async with running(backend, spec) as (_, agent):
+        r = await agent.exec("python3 --version; " + PROBE)
+        assert r.ok, r.stderr
+        _check_probe(r.stdout, r.stderr)
+        assert "not found" in r.stderr  # the image itself has no Python
+
+
+async def test_sandboxes_without_bundles_have_no_harness_mount(backend):
+    async with running(backend) as (_, agent):
+        r = await agent.exec("ls -A /.orchard/harness; grep -c /.orchard/harness /proc/self/mountinfo")
+        assert r.stdout.split() == ["0"], r.stdout
+
+
+async def test_unknown_and_unbuilt_bundles_are_refused_before_anything_exists(backend):
+    with pytest.raises(InvalidRequest, match=r"unknown harness bundle 'nope'; known: .*kimi-cli.*tiny-test"):
+        await backend.create("b1", SandboxSpec(bundles=["nope"]), secrets.token_hex(8))
+    with pytest.raises(InvalidRequest, match=f"not built on this server.*orchard harness build {UNBUILT}"):
+        await backend.create("b2", SandboxSpec(bundles=[TINY, UNBUILT]), secrets.token_hex(8))
+    assert not backend.root_dir.exists() or not any(backend.root_dir.iterdir())
+
+
+# ---- building --------------------------------------------------------------------------------------------
+
+def test_a_built_bundle_is_found_by_name_and_its_manifest_says_what_went_in(bundle_home):
+    built, = require_built([TINY], bundle_home / "cache")
+    m = built.manifest
+    assert m.spec == TINY_SPEC and m.python_version.startswith("3.13.")
+    assert m.installed == {"tabulate": "0.9.0"}
+    assert "python3.13-minimal" in m.debian and "libc6" in m.debian
+    assert os.access(built.path / "usr/bin/python3.13", os.X_OK)
+    assert not _leftovers(bundle_home / "cache", TINY)[1:], "one published bundle, no temp dirs"
+
+
+def test_concurrent_builders_publish_one_bundle(tmp_path, bundle_home):
+    spec = HarnessBundleSpec(name="tiny-race", requirements=["tabulate==0.9.0"])
+    cache, results, errors = tmp_path / "cache", [], []
+
+    def build():
+        try:
+            results.append(ensure_bundle(spec, cache, downloads=shared_downloads()).path)
+        except Exception as e:  # noqa: BLE001 — reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(results)) == 1
+    assert _leftovers(cache, "tiny-race") == [results[0].name]
+
+
+def test_a_bad_pin_fails_clearly_and_leaves_nothing(tmp_path, bundle_home):
+    spec = HarnessBundleSpec(name="tiny-bad", requirements=["tabulate==0.0.0.1"])
+    with pytest.raises(InvalidRequest, match=r"pip cannot install tabulate==0.0.0.1 for Python 3.13"):
+        ensure_bundle(spec, tmp_path, downloads=shared_downloads())
+    assert _leftovers(tmp_path, "tiny-bad") == []
+
+
+def test_an_unknown_debian_package_fails_clearly_and_leaves_nothing(tmp_path, bundle_home):
+    spec = HarnessBundleSpec(name="tiny-deb", debian_packages=["no-such-package-xyz"])
+    with pytest.raises(InvalidRequest, match="Debian trixie has no package no-such-package-xyz"):
+        ensure_bundle(spec, tmp_path, downloads=shared_downloads())
+    assert _leftovers(tmp_path, "tiny-deb") == []
+    with pytest.raises(InvalidRequest, match="Python 3.9"):
+        ensure_bundle(HarnessBundleSpec(name="tiny-old", python="3.9"), tmp_path)
+
+
+# ---- the CLI ---------------------------------------------------------------------------------------------
+
+def test_cli_lists_bundles_and_builds_by_name(bundle_home):
+    from orchard.cli.main import app
+
+    runner = CliRunner()
+    cache = str(bundle_home / "cache")
+    listed = runner.invoke(app, ["harness", "bundles", "--cache-dir", cache], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    rows = {line.split("│")[1].strip(): line for line in listed.output.splitlines() if line.count("│") > 3}
+    assert "yes" in rows[TINY] and f"orchard harness build {UNBUILT}" in rows[UNBUILT]
+    built = runner.invoke(app, ["harness", "build", TINY, "--cache-dir", cache], env={"COLUMNS": "200"})
+    assert built.exit_code == 0 and "Python 3.13" in built.output and "1 distributions" in built.output
+    unknown = runner.invoke(app, ["harness", "build", "nope", "--cache-dir", cache], env={"COLUMNS": "200"})
+    assert unknown.exit_code == 1 and "unknown harness bundle 'nope'" in unknown.output
+    neither = runner.invoke(app, ["harness", "build", "--cache-dir", cache])
+    assert neither.exit_code == 2
+
+
+# ---- the big ones ----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+async def test_kimi_cli_bundle_builds_and_runs_in_a_sandbox(tmp_path, bundle_home, busybox_rootfs):  # noqa: F811
+    """kimi-cli 1.51.0 with ripgrep: ~350 MB; its CLI and rg run on a rootfs with neither Python nor libc."""
+    cache = bundle_home / "cache"
+    spec = get_bundle_spec("kimi-cli")
+    ensure_bundle(spec, cache, downloads=shared_downloads())
+    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=cache)
+    argv = " ".join(spec.entry_argv("--version"))
+    async with running(b, SandboxSpec(image=str(busybox_rootfs), bundles=["kimi-cli"])) as (_, agent):
+        r = await agent.exec(f"{argv}; /.orchard/harness/kimi-cli/bin/rg --version | head -1", timeout=120)
+        assert r.ok and "1.51.0" in r.stdout and "ripgrep" in r.stdout, (r.stdout, r.stderr)
+    shutil.rmtree(b.root_dir, ignore_errors=True)
