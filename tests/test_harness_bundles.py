@@ -200,3 +200,33 @@ async def test_kimi_cli_bundle_builds_and_runs_in_a_sandbox(tmp_path, bundle_hom
         r = await agent.exec(f"{argv}; /.orchard/harness/kimi-cli/bin/rg --version | head -1", timeout=120)
         assert r.ok and "1.51.0" in r.stdout and "ripgrep" in r.stdout, (r.stdout, r.stderr)
     shutil.rmtree(b.root_dir, ignore_errors=True)
+
+
+# ---- other backends --------------------------------------------------------------------------------------
+
+@pytest.mark.docker
+async def test_the_docker_backend_mounts_the_bundle_read_only(tmp_path, bundle_home):
+    """The same bundle, bound from this machine's cache into a container of the Debian test image."""
+    from tests.docker_daemon import TEST_IMAGE, require_daemon
+
+    base_url = require_daemon()
+    from orchard.sandbox.agent_client import AgentSandbox
+    from orchard.sandbox.backends.docker import DockerBackend
+    from orchard.sandbox.backends.docker_config import DockerConfig
+
+    backend = DockerBackend(DockerConfig(base_url=base_url, instance=f"t{secrets.token_hex(4)}", pull="never",
+                                         run_dir=tmp_path / "run", bundle_cache_dir=bundle_home / "cache"))
+    assert backend.capabilities.harness_bundles
+    token = secrets.token_hex(16)
+    with pytest.raises(InvalidRequest, match="not built on this server"):
+        await backend.create("hb0", SandboxSpec(image=TEST_IMAGE, bundles=[UNBUILT]), token)
+    sb = await backend.create("hb1", SandboxSpec(image=TEST_IMAGE, bundles=[TINY]), token)
+    agent = AgentSandbox(sb.id, sb.agent_url, token)
+    try:
+        r = await agent.exec(PROBE)
+        _check_probe(r.stdout, r.stderr)
+    finally:
+        await agent.close()
+        await backend.delete(sb)
+        assert await backend.list_live() == []
+        await backend.close()

@@ -30,6 +30,7 @@ from orchard.sandbox.backends.docker_dirs import SandboxDir, ensure_private_dir,
 from orchard.sandbox.backends.docker_engine import Engine
 from orchard.sandbox.backends.local_launch import check_health
 from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
+from orchard.sandbox.harness_bundles.store import require_built
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class DockerBackend:
         self.capabilities.check(spec, self.name)
         spec_of.validate_limits(spec)
         image = spec_of.resolve_image(spec, self.config.default_image)
+        harness_bundles = [(built.manifest.spec.name, built.path)
+                           for built in require_built(spec.bundles, self.bundle_cache_dir)]
         engine = await self._setup()
         assert self._bundle is not None
         name = spec_of.container_name(self.instance, sandbox_id)
@@ -105,7 +108,8 @@ class DockerBackend:
         try:
             host_options = spec_of.host_config_options(
                 spec, bundle=self._bundle, token_file=str(sandbox_dir.token), sock_dir=str(sandbox_dir.sock_dir),
-                init=self.config.init, runtime=self.config.runtime, disk_quota=self.config.disk_quota)
+                init=self.config.init, runtime=self.config.runtime, disk_quota=self.config.disk_quota,
+                harness_bundles=harness_bundles)
             labels = spec_of.labels(sandbox_id, self.instance, owner, spec, str(sandbox_dir.path))
             options = spec_of.container_options(sandbox_id, spec, image, bundle=self._bundle, container_labels=labels)
             async with self._burst:

@@ -77,7 +77,9 @@ def default_run_dir() -> Path:
 def docker_capabilities(disk_quota: bool, default_image: str | None) -> BackendCapabilities:
     """Network none (no interface but loopback) and open (the daemon's bridge); no allowlist or model-only
     network. cpu, memory (no swap on top) and processes as the container's cgroup limits; disk only with
-    `disk_quota`. OCI images, and 'host' when a `default_image` says what it means."""
+    `disk_quota`. OCI images, and 'host' when a `default_image` says what it means. Harness bundles, bound
+    from this machine's cache (the daemon runs here)."""
     limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if disk_quota else set())
     return BackendCapabilities(network_modes=frozenset({"none", "open"}), limits=frozenset(limits),
-                               image_kinds=frozenset({"oci", "host"} if default_image else {"oci"}))
+                               image_kinds=frozenset({"oci", "host"} if default_image else {"oci"}),
+                               harness_bundles=True)

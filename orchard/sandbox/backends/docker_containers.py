@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
+from typing import Sequence
 
 from pydantic import BaseModel
 
 from orchard.core.errors import InvalidRequest
-from orchard.core.sandbox import SandboxSpec
+from orchard.core.sandbox import HARNESS_MOUNT_ROOT, SandboxSpec
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT, AgentBundle
 
 MANAGED_BY_LABEL = "orchard.dev/managed-by"
@@ -23,6 +25,7 @@ CREATED_LABEL = "orchard.dev/created"
 RUN_DIR_LABEL = "orchard.dev/run-dir"
 TOKEN_MOUNT = "/.orchard-token"
 SOCKET_MOUNT = f"{DEFAULT_MOUNT_POINT}/run"  # the bundle's empty run/ directory
+HARNESS_TMPFS_BYTES = 64 << 10
 # Docker's own bounds: a quota under 1/100 CPU and memory under 6 MiB are refused.
 MIN_CPU = 0.01
 MIN_MEMORY_MB = 6
@@ -89,9 +92,12 @@ def labels(sandbox_id: str, instance: str, owner: str, spec: SandboxSpec, run_di
 
 
 def host_config_options(spec: SandboxSpec, *, bundle: AgentBundle, token_file: str, sock_dir: str,
-                        init: bool, runtime: str | None, disk_quota: bool) -> dict:
+                        init: bool, runtime: str | None, disk_quota: bool,
+                        harness_bundles: Sequence[tuple[str, Path]] = ()) -> dict:
     """Keyword arguments of `APIClient.create_host_config`: mounts, network, limits. Memory swap equals
-    memory, so the limit is not stretched by swap."""
+    memory, so the limit is not stretched by swap. `harness_bundles` ((name, host directory) pairs) are
+    bound read-only at HARNESS_MOUNT_ROOT/<name>, on a tiny read-only tmpfs: the agent bundle's harness/
+    is read-only, so their mount points cannot be made in it."""
     from docker.types import Mount
 
     options: dict = {
@@ -102,6 +108,11 @@ def host_config_options(spec: SandboxSpec, *, bundle: AgentBundle, token_file: s
         "init": init,
         "log_config": LOG_CONFIG,
     }
+    if harness_bundles:
+        options["mounts"].append(Mount(HARNESS_MOUNT_ROOT, None, type="tmpfs", read_only=True,
+                                       tmpfs_size=HARNESS_TMPFS_BYTES, tmpfs_mode=0o755))
+        options["mounts"] += [Mount(f"{HARNESS_MOUNT_ROOT}/{name}", str(path), type="bind", read_only=True)
+                              for name, path in harness_bundles]
     if runtime:
         options["runtime"] = runtime
     if spec.cpu is not None:
