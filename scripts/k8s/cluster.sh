@@ -30,6 +30,9 @@ usage: cluster.sh COMMAND
                      build (debootstrap, ~70 s, cached) and import $IMAGE_DEBIAN
   import-image NAME ROOTFS_DIR_OR_TAR [ENTRYPOINT_JSON [CMD_JSON]]
                      make a one-layer image from a root filesystem and import it into the running cluster
+  import-archive FILE [NAME]
+                     import an image archive (OCI layout or tar, docker/podman save) into the running
+                     cluster, tagged NAME when given (what \`orchard image import\` takes; docs/images.md)
 work dir: $WORKDIR (ORCHARD_K8S_DIR)
 EOF
 }
@@ -151,6 +154,11 @@ main() {
       require_root "cluster.sh import-image (containerd's socket is root's)"
       take_lock
       import_image "$@"
+      ;;
+    import-archive)
+      require_root "cluster.sh import-archive (containerd's socket is root's)"
+      take_lock
+      import_oci "$@"
       ;;
     -h | --help | help) usage ;;
     *) usage >&2; exit 2 ;;

@@ -81,6 +81,35 @@ import_image() {
   import_archive "$1" "$out"
 }
 
+# import_oci FILE [NAME]  (`cluster.sh import-archive`)
+# An image archive as `orchard image import` takes it (an OCI layout directory or tar, a docker/podman save
+# archive) into containerd, offline; with NAME it is also tagged NAME, so that a sandbox's image 'oci:NAME'
+# (or NAME) finds it whatever the archive called it. Pods use it with imagePullPolicy Never/IfNotPresent.
+import_oci() {
+  [ $# -ge 1 ] || die "usage: cluster.sh import-archive FILE [NAME]"
+  containerd_ready >/dev/null 2>&1 || die "containerd is not running; start the cluster first: cluster.sh up"
+  local src=$1 name=${2:-} archive=$1 tmp="" out imported
+  if [ -d "$src" ]; then
+    tmp=$(mktemp --suffix=.tar "$WORKDIR/.import.XXXXXX")
+    tar -C "$src" -cf "$tmp" . || { rm -f "$tmp"; die "could not tar the OCI layout $src"; }
+    archive=$tmp
+  fi
+  [ -f "$archive" ] || die "import-archive: $src is neither an OCI layout directory nor an archive file"
+  # --digests: an archive whose index names no image still gets a name (import-DATE@sha256:...) to tag.
+  if ! out=$(ctr_k8s images import --digests "$archive" 2>&1); then
+    [ -n "$tmp" ] && rm -f "$tmp"
+    die "ctr images import $src failed: $out"
+  fi
+  [ -n "$tmp" ] && rm -f "$tmp"
+  imported=$(sed -n 's/^unpacking \([^ ]*\) (sha256:.*/\1/p' <<<"$out" | head -n1)
+  [ -n "$imported" ] || die "ctr imported no image from $src: $out"
+  if [ -n "$name" ] && [ "$name" != "$imported" ]; then
+    ctr_k8s images tag --force "$imported" "$name" >/dev/null || die "could not tag $imported as $name"
+    imported=$name
+  fi
+  log "imported $src into the cluster's containerd as $imported"
+}
+
 build_pause_image() {
   local rootfs=$IMAGE_CACHE/.build.pause
   rm -rf "$rootfs"

@@ -45,6 +45,7 @@ from pydantic import BaseModel
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import HARNESS_MOUNT_ROOT, SandboxSpec
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
+from orchard.sandbox.images import IdMap, ImageStore
 
 RUN_MOUNT_POINT = f"{DEFAULT_MOUNT_POINT}/run"
 SOCKET_NAME = "agent.sock"
@@ -72,6 +73,12 @@ AGENT_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL", "CAP_
 def remaps_ids() -> bool:
     """Whether sandboxes get the subordinate id range: writing a map of other ids needs root."""
     return os.geteuid() == 0
+
+
+def image_ids() -> IdMap | None:
+    """How imported images are owned on the host: shifted into the sandboxes' range when they are root's,
+    so that the image's root is the sandbox's root; else the importing user's."""
+    return IdMap(base=REMAP_BASE, count=REMAP_COUNT) if remaps_ids() else None
 
 
 def id_map() -> str:
@@ -132,8 +139,10 @@ class SandboxPaths(BaseModel):
         return self.sandbox_dir / "bwrap.args"
 
 
-def validate_image(spec: SandboxSpec) -> Path | None:
-    """None for the host image, else the rootfs directory. Raises InvalidRequest before anything exists."""
+def validate_image(spec: SandboxSpec, images: ImageStore | None = None) -> Path | None:
+    """None for the host image, else the rootfs directory: the image's path, or for an OCI reference
+    (`oci:NAME`, or a plain NAME) the rootfs `orchard image import` unpacked into `images`. Raises
+    InvalidRequest before anything exists."""
     workdir = Path(spec.workdir)
     reserved = [p for p in RESERVED_PATHS if workdir == Path(p) or Path(p) in workdir.parents]
     if ".." in workdir.parts:
@@ -150,6 +159,8 @@ def validate_image(spec: SandboxSpec) -> Path | None:
                 f"read-only host root ({top} exists there); pick a workdir whose top-level directory is "
                 "not on the host, e.g. /workspace")
         return None
+    if not spec.image.startswith("/") and images is not None:
+        return _imported_rootfs(spec.image, images)
     rootfs = Path(spec.image)
     if not rootfs.is_absolute():
         raise InvalidRequest(f"image {spec.image!r} is not usable by the local backend: give 'host' or the "
@@ -161,6 +172,24 @@ def validate_image(spec: SandboxSpec) -> Path | None:
         raise InvalidRequest(f"rootfs {spec.image} does not exist or is not a directory; build or unpack "
                              "the image there first (e.g. debootstrap, or `podman export` + tar -x)")
     return rootfs
+
+
+def _imported_rootfs(image: str, images: ImageStore) -> Path:
+    record = images.resolve(image)
+    if record.ids != image_ids():  # its files' owners would be wrong inside: root's shifted ids, or not
+        who = "root" if record.ids is not None else "an unprivileged user"
+        raise InvalidRequest(f"image {image!r} was imported by {who}, who owns its files differently from "
+                             f"sandboxes made as uid {os.geteuid()}; run `orchard image import FILE` again as "
+                             "the user that runs the sandboxes")
+    return images.rootfs(record)
+
+
+def with_image_env(spec: SandboxSpec, images: ImageStore) -> SandboxSpec:
+    """An imported image's ENV (its PATH, say) under the spec's own env, as container engines apply it."""
+    if spec.image == "host" or spec.image.startswith("/"):
+        return spec
+    image_env = dict(entry.split("=", 1) for entry in images.resolve(spec.image).config.env if "=" in entry)
+    return spec.model_copy(update={"env": {**image_env, **spec.env}}) if image_env else spec
 
 
 def validate_disk(spec: SandboxSpec) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import HARNESS_MOUNT_ROOT, SandboxSpec
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT, AgentBundle
+from orchard.sandbox.images.refs import strip_oci_prefix
 
 MANAGED_BY_LABEL = "orchard.dev/managed-by"
 MANAGED_BY_VALUE = "orchard"
@@ -66,9 +67,9 @@ def instance_filters(instance: str) -> dict:
 
 
 def resolve_image(spec: SandboxSpec, default_image: str | None) -> str:
-    """The image to run: the spec's, or for `host` the configured default."""
+    """The image to run: the spec's (`oci:NAME` is NAME), or for `host` the configured default."""
     if spec.image != "host":
-        return spec.image
+        return strip_oci_prefix(spec.image)
     if default_image:
         return default_image
     raise InvalidRequest("image 'host' means the docker backend's default image, and none is configured: pass "

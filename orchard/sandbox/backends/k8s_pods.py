@@ -12,6 +12,7 @@ import time
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT, AgentBundle
+from orchard.sandbox.images.refs import OCI_PREFIX, strip_oci_prefix
 
 AGENT_PORT = 7777
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -170,7 +171,10 @@ def owner_reference(pod) -> dict:
 
 
 def validate_image(spec: SandboxSpec, default_image: str | None) -> SandboxSpec:
-    """The Kubernetes backend runs OCI images; the local backend's `host` means the default image."""
+    """The Kubernetes backend runs OCI images (`oci:NAME` is NAME, as `orchard image import` names it for
+    the local backend); the local backend's `host` means the default image."""
+    if spec.image.startswith(OCI_PREFIX):
+        spec = spec.model_copy(update={"image": strip_oci_prefix(spec.image)})
     if spec.image == "host" or spec.image.startswith("/"):
         if default_image:
             return spec.model_copy(update={"image": default_image})

@@ -34,7 +34,7 @@ from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import cgroups
 from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
                                             bwrap_args, find_bwrap, id_map, remaps_ids, sandbox_env,
-                                            validate_disk, validate_image, validate_network)
+                                            validate_disk, validate_image, validate_network, with_image_env)
 from orchard.sandbox.backends.local_config import AGENT_APART_ENV, LocalConfig, local_capabilities
 from orchard.sandbox.backends.local_gateway import agent_gateway_args, gateway_socket_for, model_gateway_socket
 from orchard.sandbox.backends.local_launch import (check_health, launch_argv, protect_workload_init,
@@ -45,6 +45,7 @@ from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, ch
                                                   process_running, process_start_time, read_record,
                                                   write_record)
 from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
+from orchard.sandbox.images import ImageStore
 from orchard.sandbox.harness_bundles.store import require_built
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ def orchard_home() -> Path:
 class LocalBackend:
     """Sandboxes on this host through bubblewrap. `root_dir` holds their private directories (default
     `$ORCHARD_HOME/sandboxes`); `run_dir` their sockets (default `<tmp>/orchard-run-<uid>`, kept short for
-    the 108-byte socket path limit); `bundle_cache_dir` the agent bundle (default `$ORCHARD_HOME/cache`).
+    the 108-byte socket path limit); `bundle_cache_dir` the agent bundle (default `$ORCHARD_HOME/cache`);
+    `image_dir` the images `orchard image import` unpacked (default `$ORCHARD_HOME/images`).
     `agent_apart` (default: `ORCHARD_LOCAL_AGENT_APART=1` in the environment, else off; root only): the
     agent runs as a uid of its own that the workload cannot signal, at the price of a fork instead of a
     vfork per command (~0.5-1 ms more exec latency); see docs/local-backend.md#user-ids."""
@@ -77,8 +79,10 @@ class LocalBackend:
 
     def __init__(self, root_dir: Path | None = None, *, run_dir: Path | None = None,
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0,
-                 agent_apart: bool | None = None, model_gateway: str | None = None) -> None:
+                 agent_apart: bool | None = None, model_gateway: str | None = None,
+                 image_dir: Path | None = None) -> None:
         self.root_dir = Path(root_dir) if root_dir is not None else orchard_home() / "sandboxes"
+        self.images = ImageStore(Path(image_dir) if image_dir is not None else orchard_home() / "images")
         self.run_base = (Path(run_dir) if run_dir is not None
                          else Path(tempfile.gettempdir()) / f"orchard-run-{os.getuid()}")
         self.bundle_cache_dir = (Path(bundle_cache_dir) if bundle_cache_dir is not None
@@ -95,7 +99,7 @@ class LocalBackend:
     def from_config(cls, config: LocalConfig) -> "LocalBackend":
         return cls(config.root_dir, run_dir=config.run_dir, bundle_cache_dir=config.bundle_cache_dir,
                    ready_timeout_s=config.ready_timeout_s, agent_apart=config.agent_apart,
-                   model_gateway=config.model_gateway)
+                   model_gateway=config.model_gateway, image_dir=config.image_dir)
 
     # ---- paths ---------------------------------------------------------------------------------------
 
@@ -121,7 +125,8 @@ class LocalBackend:
 
     def _hidden_paths(self) -> list[Path]:
         """Directories of Orchard's own state that sandboxes on the host image must not see."""
-        paths = {self.root_dir.resolve(), orchard_home().resolve(), self.bundle_cache_dir.resolve()}
+        paths = {self.root_dir.resolve(), orchard_home().resolve(), self.bundle_cache_dir.resolve(),
+                 self.images.root.resolve()}
         return sorted(paths)
 
     def _make_private(self) -> None:
@@ -167,7 +172,8 @@ class LocalBackend:
         gateway_socket = gateway_socket_for(spec, self.gateway_socket)
         validate_disk(spec)
         check_cpu_floor(spec)
-        rootfs = validate_image(spec)
+        rootfs = validate_image(spec, self.images)
+        spec = with_image_env(spec, self.images)
         harness_bundles = [(built.manifest.spec.name, built.path)
                            for built in require_built(spec.bundles, self.bundle_cache_dir)]
         bwrap, bundle = await self._resources()

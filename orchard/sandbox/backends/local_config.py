@@ -23,6 +23,8 @@ class LocalConfig(BackendConfig):
     run_dir: Path | None = Field(default=None, description="their sockets (default <tmp>/orchard-run-<uid>, "
                                                            "short for the 108-byte socket path limit)")
     bundle_cache_dir: Path | None = Field(default=None, description="the agent bundle (default $ORCHARD_HOME/cache)")
+    image_dir: Path | None = Field(default=None, description="imported OCI images, run as image 'oci:NAME' "
+                                                             "(default $ORCHARD_HOME/images)")
     ready_timeout_s: float = Field(default=30.0, gt=0)
     agent_apart: bool = Field(default=False, description="run the agent under a uid of its own (root only; "
                                                          f"{AGENT_APART_ENV}=1); see docs/local-backend.md")
@@ -35,7 +37,7 @@ class LocalConfig(BackendConfig):
 
     @classmethod
     def from_env(cls, home: Path, environ: Mapping[str, str]) -> "LocalConfig":
-        return cls(root_dir=home / "sandboxes", bundle_cache_dir=home / "cache",
+        return cls(root_dir=home / "sandboxes", bundle_cache_dir=home / "cache", image_dir=home / "images",
                    agent_apart=environ.get(AGENT_APART_ENV) == "1")
 
 
@@ -58,5 +60,5 @@ def local_capabilities(model_gateway: bool = False) -> BackendCapabilities:
     create (local_limits.py): a limit they cannot hold is refused there."""
     limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if os.geteuid() == 0 else set())
     return BackendCapabilities(network_modes=frozenset({"none", "open"}), limits=frozenset(limits),
-                               image_kinds=frozenset({"host", "rootfs"}), model_gateway=model_gateway,
+                               image_kinds=frozenset({"host", "rootfs", "oci"}), model_gateway=model_gateway,
                                harness_bundles=True)
