@@ -107,7 +107,7 @@ def check_shell_lines(doc: Path) -> None:
             check_shell_line(text, f"{doc.name}:{line}: {text.strip()!r}")
 
 
-EXTERNAL_TOOLS = {"kubectl"}  # commands of other projects a page may show
+EXTERNAL_TOOLS = {"kubectl", "docker", "podman", "skopeo"}  # commands of other projects a page may show
 
 
 def check_shell_line(text: str, where: str) -> None:

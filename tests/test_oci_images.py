@@ -336,3 +336,28 @@ async def test_the_same_name_runs_on_kubernetes_after_a_cluster_import(tmp_path)
         for live in await backend.list_live():
             await backend.delete(live)
         await backend.close()
+
+
+# ---- docs/images.md ------------------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "images.md"
+
+
+def test_the_images_page_commands_exist():
+    from tests import doc_blocks
+
+    doc_blocks.check_cli_lines(DOC)
+    doc_blocks.check_shell_lines(DOC)
+
+
+def test_the_images_page_example_runs_an_imported_image(tmp_path, sandbox_home, monkeypatch, capsys):
+    from tests import doc_blocks
+
+    monkeypatch.setenv("ORCHARD_HOME", str(sandbox_home))
+    release = [Entry.dir("etc"), Entry.file("etc/os-release", b'PRETTY_NAME="Imported"\n')]
+    write_oci_layout(tmp_path / "task", [_busybox_layer(), release], name="localhost/task:1",
+                     env=["PATH=/bin:/opt/task/bin"])
+    ImageStore(sandbox_home / "images").import_archive(tmp_path / "task", ids=image_ids())
+    [(_, code, line)] = doc_blocks.of_kind(DOC, "python")
+    doc_blocks.run_python(code, f"images.md:{line}", {})
+    assert capsys.readouterr().out == 'PRETTY_NAME="Imported"\n/bin:/opt/task/bin\n\n'
