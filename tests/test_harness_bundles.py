@@ -230,3 +230,42 @@ async def test_the_docker_backend_mounts_the_bundle_read_only(tmp_path, bundle_h
         await backend.delete(sb)
         assert await backend.list_live() == []
         await backend.close()
+
+
+# ---- docs/harness-bundles.md -----------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "harness-bundles.md"
+
+
+def test_docs_python_examples_print_what_their_comments_say(bundle_home, capsys):
+    import contextlib
+    import io
+
+    from tests import doc_blocks
+
+    for _, code, line in doc_blocks.of_kind(DOC, "python"):
+        expected = [c.split("#", 1)[1].strip() for c in code.splitlines() if c.startswith("print(") and "#" in c]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, f"{DOC.name}:{line}", "exec"), {})
+        assert printed.getvalue().splitlines() == expected, f"{DOC.name}:{line}"
+
+
+def test_docs_cli_lines_parse():
+    from tests import doc_blocks
+
+    doc_blocks.check_cli_lines(DOC)
+
+
+def test_docs_layout_is_a_real_bundle_and_the_entry_point_group_is_ours(bundle_home):
+    import tomllib
+
+    from orchard.core.harness_bundle import BUNDLE_ENTRY_POINT_GROUP
+    from tests import doc_blocks
+
+    built, = require_built([TINY], bundle_home / "cache")
+    (_, layout, _), = doc_blocks.of_kind(DOC, "layout")
+    for path in layout.split():
+        assert os.path.lexists(built.path / path), path
+    (_, toml, _), = doc_blocks.of_kind(DOC, "toml")
+    assert list(tomllib.loads(toml)["project"]["entry-points"]) == [BUNDLE_ENTRY_POINT_GROUP]
