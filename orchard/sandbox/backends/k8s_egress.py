@@ -14,12 +14,12 @@ would send frames past netfilter). The table's only chain hooks `output` with po
 - for "allowlist", each entry's addresses (and its port, TCP and UDP, when it names one).
 Everything else the Pod sends is refused by the Pod's own kernel: a TCP connect() fails at once with
 EHOSTUNREACH (an ICMP "administratively prohibited" delivered locally), a UDP send with EPERM.
-"open" gets no guard. Host names stay refused by `k8s_netpol.parse_allow_entry`, here as there."""
+"open" gets no guard. Host names stay refused by `net_allow.parse_allow_entry`, here as everywhere."""
 
 from __future__ import annotations
 
 from orchard.core.sandbox import NetworkPolicy
-from orchard.sandbox.backends.k8s_netpol import parse_allow_entry
+from orchard.sandbox.backends.net_allow import parse_allow_entry
 from orchard.sandbox.backends.k8s_pods import AGENT_PORT
 
 GUARD_CONTAINER = "egress-guard"

@@ -6,17 +6,15 @@ policy of its own, selecting only its Pod by label:
 - "allowlist": one egress rule per entry, an `ipBlock` (a CIDR, or an IP as /32 or /128) with its TCP
   and UDP port when the entry has one;
 - "open": a single empty egress rule (everything).
-NetworkPolicy selects by address only, so host names are refused (InvalidRequest): resolving them once at
-creation would silently go stale when the name moves. Only a policy-capable CNI (Calico, Cilium, ...)
-enforces these objects; "none" and "allowlist" are also enforced inside each Pod by the egress guard
-(k8s_egress.py), which needs no such CNI."""
+NetworkPolicy selects by address only, so host names are refused (InvalidRequest, by the entry parser every
+backend shares, net_allow.py). Only a policy-capable CNI (Calico, Cilium, ...) enforces these objects;
+"none" and "allowlist" are also enforced inside each Pod by the egress guard (k8s_egress.py), which needs
+no such CNI."""
 
 from __future__ import annotations
 
-import ipaddress
-
-from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import NetworkPolicy
+from orchard.sandbox.backends.net_allow import parse_allow_entry
 from orchard.sandbox.backends.k8s_pods import (MANAGED_BY, MANAGED_BY_VALUE, SANDBOX_LABEL, policy_name,
                                                sandbox_labels)
 
@@ -27,36 +25,6 @@ def deny_all_egress_manifest() -> dict:
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": DENY_ALL_EGRESS, "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
             "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": []}}
-
-
-def parse_allow_entry(entry: str) -> tuple[str, int | None]:
-    """`CIDR`, `IP`, `IP:PORT` or `[IPv6]:PORT` → (cidr, port). Host names raise InvalidRequest."""
-    text = entry.strip()
-    port: int | None = None
-    host = text
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise InvalidRequest(f"network.allow entry {entry!r} is malformed; use [IPv6]:PORT")
-        if rest:
-            port = _port(rest[1:], entry)
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-        port = _port(port_text, entry)
-    try:
-        network = ipaddress.ip_network(host, strict=False)
-    except ValueError:
-        raise InvalidRequest(
-            f"network.allow entry {entry!r} is not an IP address or CIDR: Kubernetes NetworkPolicy selects "
-            "destinations by address only, so the kubernetes backend cannot allow a host name; give its "
-            "addresses as CIDRs (e.g. '203.0.113.7/32:443') or use network mode 'open'") from None
-    return str(network), port
-
-
-def _port(text: str, entry: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise InvalidRequest(f"network.allow entry {entry!r} has an invalid port {text!r}; use 1-65535")
-    return int(text)
 
 
 def sandbox_policy_manifest(sandbox_id: str, instance: str, network: NetworkPolicy) -> dict | None:
