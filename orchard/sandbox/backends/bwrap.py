@@ -44,6 +44,7 @@ from pydantic import BaseModel
 
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import HARNESS_MOUNT_ROOT, SandboxSpec
+from orchard.sandbox.backends import local_netns
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
 from orchard.sandbox.images import IdMap, ImageStore
 
@@ -203,9 +204,7 @@ def validate_network(spec: SandboxSpec) -> None:
         raise InvalidRequest("network.gateway with mode 'open' is not supported by the local backend: an open "
                              "sandbox shares the host's network, where no per-sandbox 127.0.0.1:4000 can exist; "
                              "use mode 'model' (or 'none' with gateway), or reach the gateway at its host address")
-    if spec.network.mode == "allowlist":
-        raise InvalidRequest("the local backend supports network modes 'none' (loopback only) and 'open'; "
-                             "egress allowlists need the Kubernetes backend (NetworkPolicy)")
+    local_netns.check_network(spec.network)  # allowlist: its entries, and whether this machine can
 
 
 def sandbox_env(spec: SandboxSpec, rootfs: Path | None, agent_env: dict[str, str]) -> dict[str, str]:

@@ -26,12 +26,13 @@ import stat
 import subprocess
 import tempfile
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends import cgroups
+from orchard.sandbox.backends import cgroups, local_netns
 from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
                                             bwrap_args, find_bwrap, id_map, remaps_ids, sandbox_env,
                                             validate_disk, validate_image, validate_network, with_image_env)
@@ -196,6 +197,7 @@ class LocalBackend:
         agent_url = f"unix://{paths.socket}"
         listener: socket.socket | None = None
         userns_w: int | None = None  # bwrap waits on this for its user namespace's id maps
+        network: Future[int] | None = None  # network allowlist: set up while the agent starts
         try:
             _rmtree(paths.run_dir)  # a leftover of a crashed earlier sandbox of this id: the id is ours now
             paths.run_dir.mkdir(mode=0o700)
@@ -253,10 +255,14 @@ class LocalBackend:
                     else:
                         os.close(block)  # bwrap failed before its namespaces: it exits, saying why
                 write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
+                if spec.network.mode == "allowlist" and handle.init_pid:
+                    network = self._start_network(sandbox_id, spec, handle, agent_url)
                 await wait_ready_line(proc, self.ready_timeout_s)
             except TimeoutError:
                 raise BackendError(f"the agent did not start within {self.ready_timeout_s:g} s") from None
             await check_health(paths.socket, HEALTH_TIMEOUT_S)
+            if network is not None:
+                await asyncio.wrap_future(network)
             if remap and handle.init_pid:
                 protect_workload_init(handle.init_pid)
             return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=handle.model_dump())
@@ -265,12 +271,26 @@ class LocalBackend:
                 listener.close()
             if userns_w is not None:
                 os.close(userns_w)
+            if network is not None:
+                network.exception()  # waits: what it made is recorded before it is removed
             agent_log = _tail(paths.log_file)
             self._destroy(sandbox_id, handle)
             if isinstance(e, (BackendError, OSError)):
                 raise BackendError(f"sandbox {sandbox_id} failed to start: {e}"
                                    + (f"; agent output: {agent_log}" if agent_log else "")) from e
             raise
+
+    def _start_network(self, sandbox_id: str, spec: SandboxSpec, handle: LocalHandle,
+                       agent_url: str) -> "Future[int]":
+        """The allowlist's veth pair and rules (local_netns.py), made while the agent starts; the slot is
+        recorded the moment it is taken, so that a crash from then on still leads back to it."""
+        meta_file = self._paths(sandbox_id).meta_file
+
+        def record(slot: int) -> None:
+            handle.net_slot = slot
+            write_record(meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
+
+        return local_netns.start_attach(self._key(sandbox_id), handle.init_pid or 0, spec.network, record)
 
     # ---- delete / liveness ---------------------------------------------------------------------------
 
@@ -294,6 +314,11 @@ class LocalBackend:
 
     def _destroy(self, sandbox_id: str, handle: LocalHandle) -> None:
         """Kill every process, then remove cgroups and files. Safe to repeat; blocking (short)."""
+        # An allowlist's slot that a crash left unrecorded is found by its interface, which dies with the
+        # sandbox: look before the kill.
+        net_slot = handle.net_slot
+        if net_slot is None:
+            net_slot = local_netns.find_slot(self._key(sandbox_id))
         proc = self._children.pop(sandbox_id, None)
         monitor_alive = process_running(handle.pid, handle.pid_start)
         if process_running(handle.init_pid, handle.init_start):
@@ -311,8 +336,16 @@ class LocalBackend:
         left = cgroups.kill_and_remove(handle.cgroups or cgroups.existing_groups(self._key(sandbox_id)))
         if proc is not None and proc.returncode is None:
             proc.wait()
+        network_error = None
+        try:  # after the kill: nothing of the sandbox runs while its network goes
+            local_netns.detach(self._key(sandbox_id), net_slot)
+        except BackendError as e:
+            network_error = e
         for path in (handle.run_dir, handle.sandbox_dir):
             _rmtree(Path(path))
+        if network_error is not None:
+            raise BackendError(f"sandbox {sandbox_id}: its network allowlist could not be removed: "
+                               f"{network_error}") from network_error
         if left:
             raise BackendError(f"sandbox {sandbox_id}: cgroups {', '.join(left)} could not be removed; "
                                "some process in them did not die — check `cat <group>/cgroup.procs`")
@@ -364,6 +397,8 @@ class LocalBackend:
         in_use = set(os.listdir(self.run_base)) if self.run_base.is_dir() else set()
         for group in await asyncio.to_thread(cgroups.remove_abandoned_groups, in_use):
             log.info("removed abandoned cgroup %s", group)
+        for slot in await asyncio.to_thread(local_netns.clean_orphans):
+            log.info("removed the allowlist rules of dead sandbox slot %d", slot)
         return live
 
     async def close(self) -> None:

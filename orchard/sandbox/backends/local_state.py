@@ -23,6 +23,7 @@ class LocalHandle(BaseModel):
     run_dir: str
     socket: str
     cgroups: list[str] = []
+    net_slot: int | None = None  # network allowlist: its veth pair and rules (local_netns.py)
 
 
 class SandboxRecord(BaseModel):
