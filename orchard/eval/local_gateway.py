@@ -38,19 +38,22 @@ class LocalGateway:
     protected by a fresh API key (`gw.api_key`) so other local processes cannot bill calls to the run, and
     (unless `unix_socket=False`) on the Unix socket `gw.model_gateway` names, for sandboxes."""
 
-    def __init__(self, config: GatewayConfig, *, unix_socket: bool = True) -> None:
+    def __init__(self, config: GatewayConfig, *, unix_socket: bool = True, host: str = "127.0.0.1") -> None:
         from orchard.gateway.gateway import Gateway
 
         self.api_key = secrets.token_urlsafe(24)
         self.gateway = Gateway(config.model_copy(update={"api_key": SecretStr(self.api_key)}))
         self._server: ServerThread | None = None
         self._unix_socket = unix_socket
+        # Where its TCP port listens: loopback, or an address sandboxes elsewhere reach (a Kubernetes node's
+        # IP: `model_gateway` is then `gw.url`).
+        self.host = host
         self._socket_dir: Path | None = None
         self.port = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -82,7 +85,7 @@ class LocalGateway:
             self._socket_dir = Path(tempfile.mkdtemp(prefix="orchard-gw-"))  # 0700
         # At stop every rollout is over: a call still in flight has no one waiting for it, so it is not
         # waited for long.
-        self._server = ServerThread(create_app(self.gateway), name="orchard-eval-gateway",
+        self._server = ServerThread(create_app(self.gateway), host=self.host, name="orchard-eval-gateway",
                                     what="the evaluation's model gateway", start_timeout_s=START_TIMEOUT_S,
                                     stop_timeout_s=STOP_TIMEOUT_S, unix_socket=self.socket_path,
                                     unix_socket_mode=0o666, timeout_graceful_shutdown=1, lifespan="on")

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Mapping
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from orchard.core.backend import BackendCapabilities, BackendConfig
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.backends.k8s_gateway import parse_model_gateway
 from orchard.util.env import env_flag
 
 DEFAULT_NAMESPACE = "orchard-sandboxes"
@@ -39,6 +40,12 @@ class KubernetesConfig(BackendConfig):
         default=None, gt=0, description="the nodes' kubelet podPidsLimit: Kubernetes caps processes per Pod "
                                         "only there, so max_processes is honoured only when it is declared")
 
+    @field_validator("model_gateway")
+    @classmethod
+    def _gateway_address(cls, value: str | None) -> str | None:
+        parse_model_gateway(value)
+        return value
+
     @classmethod
     def from_env(cls, home: Path, environ: Mapping[str, str]) -> "KubernetesConfig":
         def env(name: str) -> str | None:
@@ -55,13 +62,15 @@ class KubernetesConfig(BackendConfig):
                                    **{k: v for k, v in values.items() if v is not None}})
 
 
-def k8s_capabilities(pod_pids_limit: int | None, default_image: str | None) -> BackendCapabilities:
+def k8s_capabilities(pod_pids_limit: int | None, default_image: str | None,
+                     model_gateway: bool = False) -> BackendCapabilities:
     """Every network mode (NetworkPolicy plus the in-Pod egress guard), cpu/memory/disk as container
     limits, max_processes only with a declared node `pod_pids_limit`; OCI images, and 'host' when a
     `default_image` says what it means."""
     limits = {"cpu", "memory_mb", "disk_mb"} | ({"max_processes"} if pod_pids_limit else set())
     return BackendCapabilities(network_modes=frozenset({"none", "allowlist", "open"}), limits=frozenset(limits),
-                               image_kinds=frozenset({"oci", "host"} if default_image else {"oci"}))
+                               image_kinds=frozenset({"oci", "host"} if default_image else {"oci"}),
+                               model_gateway=model_gateway, harness_bundles=True)
 
 
 def check_pids(spec: SandboxSpec, pod_pids_limit: int | None) -> None:

@@ -11,7 +11,8 @@ would send frames past netfilter). The table's only chain hooks `output` with po
 - replies from the agent's port to connections made to it (orchestrator, clients, the kubelet's probe):
   ingress is not filtered, and a reply is the only packet an incoming connection needs from the Pod;
 - IPv6 neighbour discovery on the link (hop limit 255), without which no IPv6 peer could reach it;
-- for "allowlist", each entry's addresses (and its port, TCP and UDP, when it names one).
+- for "allowlist", each entry's addresses (and its port, TCP and UDP, when it names one);
+- with `network.gateway`, the model gateway's address and TCP port (k8s_gateway.py).
 Everything else the Pod sends is refused by the Pod's own kernel: a TCP connect() fails at once with
 EHOSTUNREACH (an ICMP "administratively prohibited" delivered locally), a UDP send with EPERM.
 "open" gets no guard. Host names stay refused by `net_allow.parse_allow_entry`, here as everywhere."""
@@ -19,6 +20,7 @@ EHOSTUNREACH (an ICMP "administratively prohibited" delivered locally), a UDP se
 from __future__ import annotations
 
 from orchard.core.sandbox import NetworkPolicy
+from orchard.sandbox.backends.k8s_gateway import GatewayAddress, guard_rule
 from orchard.sandbox.backends.net_allow import parse_allow_entry
 from orchard.sandbox.backends.k8s_pods import AGENT_PORT
 
@@ -30,8 +32,10 @@ TABLE = "orchard"
 CHAIN = "egress"
 
 
-def egress_ruleset(network: NetworkPolicy, agent_port: int = AGENT_PORT) -> str | None:
-    """The nft ruleset (one transaction) for the Pod's network namespace, or None for mode "open"."""
+def egress_ruleset(network: NetworkPolicy, agent_port: int = AGENT_PORT,
+                   gateway: GatewayAddress | None = None) -> str | None:
+    """The nft ruleset (one transaction) for the Pod's network namespace, or None for mode "open".
+    `gateway`: the model gateway's address, allowed when the network asks for it."""
     if network.mode == "open":
         return None
     rules = [
@@ -46,6 +50,8 @@ def egress_ruleset(network: NetworkPolicy, agent_port: int = AGENT_PORT) -> str 
             rules.append(f"{family} daddr {cidr} accept")
         else:
             rules += [f"{family} daddr {cidr} {proto} dport {port} accept" for proto in ("tcp", "udp")]
+    if network.gateway and gateway is not None:
+        rules.append(guard_rule(gateway))
     # Refused at once rather than dropped: the workload's connect() fails now (EHOSTUNREACH, "No route
     # to host") instead of hanging until its timeout. The chain's policy drops anything the reject misses.
     rules.append("reject with icmpx type admin-prohibited")
@@ -54,10 +60,11 @@ def egress_ruleset(network: NetworkPolicy, agent_port: int = AGENT_PORT) -> str 
             f"    type filter hook output priority 0; policy drop;\n{body}  }}\n}}\n")
 
 
-def guard_container(network: NetworkPolicy, image: str, image_pull_policy: str) -> dict | None:
+def guard_container(network: NetworkPolicy, image: str, image_pull_policy: str,
+                    gateway: GatewayAddress | None = None) -> dict | None:
     """The init container that installs `egress_ruleset` (None for mode "open"). Its log is the table in
     force (`kubectl logs POD -c egress-guard`)."""
-    ruleset = egress_ruleset(network)
+    ruleset = egress_ruleset(network, gateway=gateway)
     if ruleset is None:
         return None
     return {

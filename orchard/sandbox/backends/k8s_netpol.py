@@ -14,6 +14,7 @@ no such CNI."""
 from __future__ import annotations
 
 from orchard.core.sandbox import NetworkPolicy
+from orchard.sandbox.backends.k8s_gateway import GatewayAddress, policy_rule
 from orchard.sandbox.backends.net_allow import parse_allow_entry
 from orchard.sandbox.backends.k8s_pods import (MANAGED_BY, MANAGED_BY_VALUE, SANDBOX_LABEL, policy_name,
                                                sandbox_labels)
@@ -27,9 +28,12 @@ def deny_all_egress_manifest() -> dict:
             "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": []}}
 
 
-def sandbox_policy_manifest(sandbox_id: str, instance: str, network: NetworkPolicy) -> dict | None:
-    """The sandbox's own egress policy, or None for mode "none" (the namespace-wide deny applies)."""
-    if network.mode == "none":
+def sandbox_policy_manifest(sandbox_id: str, instance: str, network: NetworkPolicy,
+                            gateway: GatewayAddress | None = None) -> dict | None:
+    """The sandbox's own egress policy, or None for mode "none" (the namespace-wide deny applies) without
+    the model gateway. `gateway`: its address, allowed when the network asks for it (k8s_gateway.py)."""
+    with_gateway = [policy_rule(gateway)] if network.gateway and gateway is not None else []
+    if network.mode == "none" and not with_gateway:
         return None
     if network.mode == "open":
         egress = [{}]
@@ -41,6 +45,7 @@ def sandbox_policy_manifest(sandbox_id: str, instance: str, network: NetworkPoli
             if port is not None:
                 rule["ports"] = [{"protocol": "TCP", "port": port}, {"protocol": "UDP", "port": port}]
             egress.append(rule)
+        egress += with_gateway
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": policy_name(sandbox_id), "labels": sandbox_labels(sandbox_id, instance)},
             "spec": {"podSelector": {"matchLabels": {SANDBOX_LABEL: sandbox_id}},

@@ -6,7 +6,8 @@ Per sandbox (all labelled `orchard.dev/sandbox=<id>`, `orchard.dev/instance=<ins
   sandbox container (the user's image) runs the agent on TCP 7777 through the bundled loader; Ready once
   the agent's /health answers. Annotations carry owner, deadline and creation time.
 - Secret `orchard-<id>-token`, mounted as the agent's token file;
-- NetworkPolicy `orchard-<id>-egress` for network "allowlist"/"open" (the namespace denies all egress);
+- NetworkPolicy `orchard-<id>-egress` for network "allowlist"/"open", and for "none" with the model
+  gateway (k8s_gateway.py: its address only; the namespace denies all egress);
   for "none"/"allowlist" the Pod also enforces egress itself: its first init container (the egress
   guard, k8s_egress.py) installs nftables rules in its network namespace, so no policy-capable CNI is
   needed.
@@ -31,6 +32,8 @@ from orchard.sandbox.backends import k8s_egress, k8s_netpol, k8s_pods
 from orchard.core.backend import BackendSandbox
 from orchard.sandbox.backends.k8s_config import DEFAULT_NAMESPACE, KubernetesConfig, check_pids, k8s_capabilities
 from orchard.sandbox.backends.k8s_client import ApiCalls, load_api_client
+from orchard.sandbox.backends.k8s_gateway import add_forwarder, parse_model_gateway
+from orchard.sandbox.backends.k8s_harness import add_harness_bundles
 from orchard.sandbox.backends.k8s_health import wait_for_agent
 from orchard.sandbox.backends.k8s_images import injector_image_name
 from orchard.sandbox.backends.k8s_watch import PodWatcher, unschedulable_message
@@ -62,7 +65,10 @@ class KubernetesBackend:
                  agent_bundle_dir: Path | None = None, egress_guard: bool = True,
                  pod_pids_limit: int | None = None, model_gateway: str | None = None) -> None:
         k8s_pods.validate_instance(instance)
-        self.model_gateway = model_gateway
+        try:
+            self.gateway = parse_model_gateway(model_gateway)  # network.gateway's address (http://IP:PORT)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         if image_pull_policy not in ("Always", "IfNotPresent", "Never"):
             raise InvalidRequest(f"image_pull_policy {image_pull_policy!r}: use Always, IfNotPresent or Never")
         self.namespace, self.instance = namespace, instance
@@ -74,7 +80,7 @@ class KubernetesBackend:
         self.ready_timeout_s, self.health_timeout_s = ready_timeout_s, health_timeout_s
         self.egress_guard = egress_guard
         self.pod_pids_limit = pod_pids_limit
-        self.capabilities = k8s_capabilities(pod_pids_limit, default_image)
+        self.capabilities = k8s_capabilities(pod_pids_limit, default_image, model_gateway=self.gateway is not None)
         self.selector = k8s_pods.instance_selector(instance)
         self._executor = ThreadPoolExecutor(max_workers=max_parallel + 4, thread_name_prefix="orchard-k8s")
         self._burst = asyncio.Semaphore(max_parallel)
@@ -126,18 +132,25 @@ class KubernetesBackend:
         k8s_pods.validate_sandbox_id(sandbox_id)
         spec = k8s_pods.validate_image(spec, self.default_image)
         k8s_netpol.validate_network(spec.network)
+        if spec.network.gateway and self.gateway is None:
+            raise InvalidRequest("network.gateway (or mode 'model') asks for a model network without a gateway: "
+                                 "this kubernetes backend has no model_gateway configured (orchard serve "
+                                 "--model-gateway http://IP:PORT)")
         check_pids(spec, self.pod_pids_limit)
         api = await self._setup()
         await self._call(api.check_fits_a_node, spec)
         assert self._watcher is not None and self._bundle is not None
         name = k8s_pods.pod_name(sandbox_id)
         agent_image = self.agent_image or injector_image_name(self._bundle)
-        guard = (k8s_egress.guard_container(spec.network, agent_image, self.image_pull_policy)
+        guard = (k8s_egress.guard_container(spec.network, agent_image, self.image_pull_policy, self.gateway)
                  if self.egress_guard else None)
         pod_manifest = k8s_pods.pod_manifest(
             sandbox_id, spec, instance=self.instance, owner=owner, bundle=self._bundle,
             agent_image=agent_image, image_pull_policy=self.image_pull_policy, egress_guard=guard)
-        policy = k8s_netpol.sandbox_policy_manifest(sandbox_id, self.instance, spec.network)
+        if spec.network.gateway:
+            pod_manifest = add_forwarder(pod_manifest, self.gateway)
+        pod_manifest = add_harness_bundles(pod_manifest, spec.bundles, self.image_pull_policy)
+        policy = k8s_netpol.sandbox_policy_manifest(sandbox_id, self.instance, spec.network, self.gateway)
         started = self._watcher.wait_started(name)
         deadline = time.monotonic() + self.ready_timeout_s
         try:
