@@ -220,3 +220,24 @@ def test_orchard_gateway_also_listens_on_a_unix_socket(tmp_path):
         process.terminate()
         process.wait(30)
     assert not sock.exists()
+
+
+async def test_the_gateway_beside_an_allowlist(backend, gateway):
+    """The forwarder listens on the loopback of whatever namespace the sandbox has: with an allowlist's
+    too, where the gateway is reachable besides the listed addresses (and the gateway's host port is not)."""
+    if "allowlist" not in backend.capabilities.network_modes:
+        pytest.skip("this machine's local backend has no allowlist mode (it needs root, ip, nft and nsenter)")
+    spec = SandboxSpec(network=NetworkPolicy(mode="allowlist", allow=["192.0.2.1:9"], gateway=True))
+    token = secrets.token_hex(16)
+    sb = await backend.create(f"a{secrets.token_hex(5)}", spec, token)
+    agent = AgentSandbox(sb.id, sb.agent_url, token, workdir=spec.workdir)
+    try:
+        key = f"allow-{secrets.token_hex(4)}"
+        status, text = await call_inside(agent, f"{gateway.rollout_base_url(key)}/chat/completions",
+                                         gateway.rollout_api_key(key), MODEL)
+        assert status == 200, text
+        assert len(gateway.end_rollout(key)) == 1
+        assert await reaches(agent, "1.1.1.1", 80) != "connected"
+    finally:
+        await agent.close()
+        await backend.delete(sb)
