@@ -166,6 +166,7 @@ class ProgressListener:
                                  TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), console=err,
                                  transient=False)
         self.bar = None
+        self.step = None
 
     def __enter__(self) -> ProgressListener:
         self.progress.start()
@@ -174,7 +175,16 @@ class ProgressListener:
     def __exit__(self, *exc_info: object) -> None:
         self.progress.stop()
 
+    def preparing(self, step: str) -> None:
+        """A line that follows the run's preparation (an in-sandbox harness's bundle being built)."""
+        if self.step is None:
+            self.step = self.progress.add_task("", total=None, counts="")
+        self.progress.update(self.step, description=f"preparing: {escape(step)}")
+
     def run_started(self, results, to_run: list[str]) -> None:
+        if self.step is not None:
+            self.progress.remove_task(self.step)
+            self.step = None
         skipped = results.summary.total - len(to_run)
         if skipped:
             err.print(f"resuming run {results.run_id}: {skipped} task(s) already finished are skipped")

@@ -92,7 +92,11 @@ class Harness(Protocol):
 
     A harness may also define `async def setup(self, task, sandbox) -> None`: the evaluator calls it before
     `run`, as the trial's own timed phase (`harness_setup`), e.g. to install or start what the harness needs
-    in the sandbox. When it raises, the rollout is a `harness_error`, not an attempt."""
+    in the sandbox. When it raises, the rollout is a `harness_error`, not an attempt.
+
+    A harness that runs *inside* the sandbox names its harness bundle, `bundle = "<name>"`: the evaluator
+    mounts it, gives the sandbox the run's gateway at MODEL_GATEWAY_URL, and passes `model` as seen from
+    inside (orchard/eval/in_sandbox.py)."""
 
     name: str
     version: str

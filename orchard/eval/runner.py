@@ -27,11 +27,13 @@ from urllib.parse import quote, unquote
 from orchard.core.backend import BackendConfig
 from orchard.core.errors import InvalidRequest
 from orchard.core.harness import Harness, SamplingParams, get_harness
+from orchard.core.harness_bundle import get_bundle_spec
 from orchard.core.jsonl import write_jsonl
 from orchard.core.sandbox import SandboxFactory
 from orchard.core.task import Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
+from orchard.eval.in_sandbox import backend_for_run, ensure_run_bundle, harness_bundle, with_run_gateway
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.partial import CALLS_FILE, read_calls, trajectory_from_calls
 from orchard.eval.results import (
@@ -64,6 +66,8 @@ class EvalListener(Protocol):
 
     def run_started(self, results: EvalResults, to_run: list[str]) -> None: ...
     def task_finished(self, result: TaskResult) -> None: ...
+    # Optional: `preparing(step: str)`, told what the run does before its first task (building an in-sandbox
+    # harness's bundle: minutes the first time).
 
 
 def rollout_key(run_id: str, task_id: str, attempt: int) -> str:
@@ -106,6 +110,10 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
         timeouts = timeouts.model_copy(update={"agent_s": task_timeout_s})
     options = dict(harness_options or {})
     agent = get_harness(harness, **options)
+    bundle = harness_bundle(agent)
+    if bundle:
+        get_bundle_spec(bundle)  # an unknown bundle is refused before anything is written
+        backend = backend_for_run(backend, orchard_url, orchard_client is not None)
     loaded = load_suite(suite)
     tasks = select_tasks(loaded, task_ids)
     settings = EvalSettings(harness=harness, harness_version=agent.version, harness_options=options, model=model,
@@ -179,6 +187,11 @@ class _Run:
         self._recover_interrupted()
         pending = self._to_run()
         write_results(self.out, self.results())
+        bundle = harness_bundle(self.harness)
+        if bundle and pending:
+            assert isinstance(backend, BackendConfig)  # run_eval resolved it
+            progress = getattr(self.listener, "preparing", None) or (lambda step: None)
+            await asyncio.to_thread(ensure_run_bundle, bundle, backend, progress)
         if self.listener is not None:
             self.listener.run_started(self.results(), [task.id for task, _ in pending])
         if not pending:
@@ -190,11 +203,14 @@ class _Run:
             # Every call is appended to calls.jsonl as it finishes: the per-turn checkpoint.
             gateway = LocalGateway(gateway_config.model_copy(update={"record_path": self.out / CALLS_FILE}))
             await asyncio.to_thread(gateway.start)
+            if bundle:
+                backend = with_run_gateway(backend, gateway)
             async with contextlib.AsyncExitStack() as stack:
                 orch = orchard_client or await stack.enter_async_context(AsyncOrchard(orchard_url, backend=backend))
                 rig = TrialRig(harness=self.harness, model=self.settings.model, sampling=self.settings.sampling,
                                timeouts=self.settings.timeouts, orch=orch, gateway=gateway,
-                               agent_slots=asyncio.Semaphore(parallel), grading_slots=asyncio.Semaphore(parallel))
+                               agent_slots=asyncio.Semaphore(parallel), grading_slots=asyncio.Semaphore(parallel),
+                               bundle=bundle)
                 async with asyncio.TaskGroup() as group:
                     for task, attempt in pending:
                         group.create_task(self._trial(rig, task, attempt))

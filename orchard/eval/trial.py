@@ -41,6 +41,7 @@ from orchard.core.sandbox import Sandbox, SandboxFactory
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
 from orchard.eval.grading import grade_script, grade_swe_patch
+from orchard.eval.in_sandbox import inside_model, sandbox_overrides
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.partial import trajectory_from_calls
 from orchard.eval.patch import extract_patch, snapshot_base
@@ -67,6 +68,7 @@ class TrialRig:
     agent_slots: asyncio.Semaphore  # trials whose agent runs at once
     grading_slots: asyncio.Semaphore  # gradings beside them: a finished agent's slot goes to the next trial
     labels: dict[str, str] = field(default_factory=dict)
+    bundle: str | None = None  # the harness runs inside the sandbox from this harness bundle (in_sandbox.py)
 
 
 class PhaseFailed(Exception):
@@ -127,7 +129,8 @@ class Trial:
         problem = self.task.metadata.get(LOAD_ERROR_KEY)
         if problem:
             raise InvalidRequest(str(problem))
-        sandbox = await create_task_sandbox(self.rig.orch, self.task, labels=self.labels)
+        overrides = sandbox_overrides(self.task, self.rig.bundle) if self.rig.bundle else {}
+        sandbox = await create_task_sandbox(self.rig.orch, self.task, labels=self.labels, **overrides)
         try:
             base = None
             if isinstance(self.task.grader, SWETestsGrader):
@@ -144,6 +147,8 @@ class Trial:
         model = ModelConfig(model=self.rig.model, base_url=self.rig.gateway.base_url,
                             api_key=SecretStr(self.rig.gateway.api_key), rollout_key=self.key,
                             sampling=self.rig.sampling, deadline=time.time() + budget)
+        if self.rig.bundle:
+            model = inside_model(model, self.rig.gateway)
         hooks = self._rollout_hooks()
         prepared = False
         record = self._open_phase("agent", budget)
