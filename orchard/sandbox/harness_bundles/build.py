@@ -74,7 +74,8 @@ def _key_lock(cache_dir: Path, spec: HarnessBundleSpec) -> Iterator[None]:
 
 
 def _retire(path: Path) -> None:
-    """Move a published bundle aside and remove it (sandboxes that mount it keep their open mounts)."""
+    """Move a published bundle aside and remove it. Sandboxes that mount it see its files go (a bind mount
+    shares them): rebuild when none runs."""
     if path.exists():
         aside = path.with_name(f".{path.name}.old-{os.getpid()}")
         os.rename(path, aside)
@@ -141,6 +142,7 @@ def _debian_part(spec: HarnessBundleSpec, root: Path, downloads: Path,
     debian.extract(archives, root)
     for pruned in PRUNED:
         shutil.rmtree(root / pruned, ignore_errors=True)
+    _ca_bundle(root)
     versions = {}
     for deb in archives:
         name, version, _ = deb.name.rsplit("_", 2)
@@ -155,6 +157,17 @@ def _debian_part(spec: HarnessBundleSpec, root: Path, downloads: Path,
                 link.symlink_to(f"../{program}")
                 programs.append(f"bin/{link.name}")
     return versions, programs
+
+
+def _ca_bundle(root: Path) -> None:
+    """What ca-certificates' maintainer script would make (none run): one PEM file of Mozilla's CAs, for a
+    harness that calls out over TLS (`SSL_CERT_FILE={bundle}/etc/ssl/certs/ca-certificates.crt`); the
+    bundle's OpenSSL otherwise looks in the task image's /usr/lib/ssl."""
+    certificates = sorted((root / "usr/share/ca-certificates").rglob("*.crt"))
+    if certificates:
+        target = root / "etc/ssl/certs/ca-certificates.crt"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(b"".join(c.read_bytes().rstrip(b"\n") + b"\n" for c in certificates))
 
 
 def _check_entry(spec: HarnessBundleSpec, root: Path) -> None:
@@ -209,7 +222,7 @@ class _Builder:
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ENV_DROPPED}
-        env.update(TMPDIR="/tmp", HOME=str(self.work), LC_ALL="C.UTF-8")
+        env.update(TMPDIR="/tmp", LC_ALL="C.UTF-8")  # HOME stays: the user's pip configuration applies
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # the bundle is read-only in sandboxes: compile now
         return env
 
