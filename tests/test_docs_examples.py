@@ -41,6 +41,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/k8s-dev-cluster.md": {PAGES_MODULE: {"shell", "diagram"}},
     "docs/kubernetes.md": {PAGES_MODULE: {"shell"}},
     "docs/local-backend.md": {PAGES_MODULE: {"output"}},
+    "docs/networking.md": {"tests/test_docs_networking.py": {"python", "cli", "yaml"}},
     "docs/images.md": {"tests/test_oci_images.py": {"shell", "cli", "python"}},
     "docs/orchestrator.md": {PAGES_MODULE: {"signatures"}},
 }
