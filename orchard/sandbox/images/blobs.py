@@ -11,9 +11,10 @@ import hashlib
 import os
 import posixpath
 import tarfile
+import threading
 import zlib
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, BinaryIO, Callable
 
 from orchard.core.errors import InvalidRequest
 
@@ -192,6 +193,77 @@ def decompressed(raw: IO[bytes], what: str) -> IO[bytes]:
                                  "`pip install zstandard`, or save the image with gzip layers")
         return zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
     return stream  # type: ignore[return-value]
+
+
+class LayerPipe:
+    """A layer's tar, decompressed and digest-checked by a thread of its own while the caller unpacks it:
+    zlib, zstd and hashlib release the GIL, so on two cores reading overlaps writing, as `tar -xz` overlaps
+    its gzip child. `digest` is checked on the bytes as stored, or with `uncompressed` on the tar inside
+    (a docker archive's diff id). Use as a context manager around reading `file`; `finish()` reads what the
+    tar reader left (the end-of-archive padding) and raises what the thread found: a digest mismatch, a
+    corrupt stream. Leaving early (an unsafe member) closes the pipe, which stops the thread."""
+
+    def __init__(self, raw: IO[bytes], digest: str, what: str, *, uncompressed: bool,
+                 counted: Callable[[int], None] | None = None) -> None:
+        self.raw, self.digest, self.what, self.uncompressed, self.counted = raw, digest, what, uncompressed, counted
+        self.error: BaseException | None = None
+        self.bytes_read = 0
+        read_end, self._write_end = os.pipe()
+        self.file = os.fdopen(read_end, "rb", buffering=1 << 20)
+        self._thread = threading.Thread(target=self._pump, name="orchard-layer-reader", daemon=True)
+
+    def __enter__(self) -> "LayerPipe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()  # a thread still writing gets EPIPE and ends
+        self._thread.join()
+
+    def finish(self) -> None:
+        while self.file.read(1 << 20):
+            pass
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _pump(self) -> None:
+        try:
+            stored = _Counting(self.raw, self)
+            checked_stored = None if self.uncompressed else HashingReader(stored, self.digest, self.what)
+            stream = decompressed(checked_stored or stored, self.what)  # type: ignore[arg-type]
+            checked_tar = HashingReader(stream, self.digest, self.what) if self.uncompressed else None
+            source = checked_tar or stream
+            while True:
+                chunk = source.read(1 << 20)
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(self._write_end, view):]
+            (checked_tar or checked_stored).verify()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass  # the reader left early; it raises its own error
+        except BaseException as e:  # handed to the unpacking thread by finish()
+            self.error = e
+        finally:
+            os.close(self._write_end)
+
+
+class _Counting:
+    def __init__(self, raw: IO[bytes], pipe: LayerPipe) -> None:
+        self.raw, self.pipe, self._told = raw, pipe, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.pipe.bytes_read += len(data)
+        if self.pipe.counted and (self.pipe.bytes_read - self._told >= 4 << 20 or not data):
+            self._told = self.pipe.bytes_read
+            self.pipe.counted(self.pipe.bytes_read)
+        return data
+
+    def readable(self) -> bool:
+        return True
 
 
 def _normal(name: str) -> str:

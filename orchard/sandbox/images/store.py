@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 from orchard.core.errors import InvalidRequest, OrchardError
 from orchard.sandbox.images.archive import ArchiveImage, read_image
-from orchard.sandbox.images.blobs import READ_ERRORS, ArchiveFiles, HashingReader, decompressed, parse_digest
+from orchard.sandbox.images.blobs import READ_ERRORS, ArchiveFiles, LayerPipe, parse_digest
 from orchard.sandbox.images.models import IdMap, ImageIndex, ImageRecord
 from orchard.sandbox.images.refs import normal_name, strip_oci_prefix
 from orchard.sandbox.images.unpack import RootWriter, write_error
@@ -149,18 +149,18 @@ class ImageStore:
     def _apply_layer(self, files: ArchiveFiles, layer, writer: RootWriter, number: int, count: int,
                      progress: Progress | None) -> int:
         what = f"{files.source}: layer {number} of {count} ({layer.digest[:19]})"
-        with files.open(layer.path) as raw:
-            stored = HashingReader(raw, layer.digest, what) if not layer.uncompressed else None
-            reader = _Reporting(stored or raw, lambda n: progress(number, count, n) if progress else None)
+        report = (lambda n: progress(number, count, n)) if progress else None
+        with files.open(layer.path) as raw, LayerPipe(raw, layer.digest, what, uncompressed=layer.uncompressed,
+                                                      counted=report) as pipe:
             try:
-                stream = decompressed(reader, what)
-                checked = HashingReader(stream, layer.digest, what) if layer.uncompressed else None
-                writer.apply(checked or stream, what)
-                (checked or stored).verify()  # type: ignore[union-attr]
+                writer.apply(pipe.file, what)
+                pipe.finish()
             except READ_ERRORS as e:
-                raise InvalidRequest(f"{what} cannot be read ({e}): the archive is truncated or corrupt; save "
-                                     "the image again") from None
-            return reader.count
+                if pipe.error is not None and not isinstance(pipe.error, READ_ERRORS):
+                    raise pipe.error from None  # what made the tar end early: a digest, zstd refused
+                raise InvalidRequest(f"{what} cannot be read ({pipe.error or e}): the archive is truncated or "
+                                     "corrupt; save the image again") from None
+            return pipe.bytes_read
 
     # ---- names and removal -----------------------------------------------------------------------------
 
@@ -202,24 +202,6 @@ class ImageStore:
             yield
         finally:
             os.close(fd)
-
-
-class _Reporting:
-    """Counts the bytes read through it, telling `report` every few MiB."""
-
-    def __init__(self, raw, report: Callable[[int], None]) -> None:
-        self.raw, self.report, self.count, self._told = raw, report, 0, 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.count += len(data)
-        if self.count - self._told >= 4 << 20 or not data:
-            self._told = self.count
-            self.report(self.count)
-        return data
-
-    def readable(self) -> bool:
-        return True
 
 
 def _valid(name: str) -> bool:

@@ -82,7 +82,7 @@ class RootWriter:
         """Apply the layer tar read from `stream` (already decompressed)."""
         added: set[tuple[str, ...]] = set()  # paths this layer made: an opaque dir keeps them
         directories: list[tuple[tuple[str, ...], tarfile.TarInfo]] = []  # modes and times applied last
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as layer:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=stream, mode="r|") as layer:  # type: ignore[call-overload]
             for member in layer:
                 self._release()
                 parts = member_parts(member.name, what)
