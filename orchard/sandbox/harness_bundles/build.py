@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,7 +105,7 @@ def _build(spec: HarnessBundleSpec, cache_dir: Path, downloads: Path, progress: 
         builder.run([python, "-m", "venv", "--without-pip", VENV_DIR], "make the venv")
         if spec.requirements:
             progress(f"installing {', '.join(spec.requirements)} with pip")
-            builder.pip_install()
+            builder.pip_install(progress)
         installed = json.loads(builder.run(
             [f"{VENV_DIR}/bin/python", "-c", "import importlib.metadata as m, json; "
              "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"],
@@ -237,7 +238,9 @@ class _Builder:
                                f"{(done.stderr or done.stdout).strip()[-3000:]}")
         return done.stdout
 
-    def pip_install(self) -> None:
+    def pip_install(self, progress: Progress) -> None:
+        """pip's output is read as it comes: what it is collecting is the build's progress (resolving a
+        big harness can take minutes), and its end is the error when it fails."""
         wheels = sorted((self.root / "usr/share/python-wheels").glob("pip-*.whl"))
         if not wheels:
             raise BackendError("Debian's pip wheel (python3-pip-whl) was not unpacked into the bundle")
@@ -247,14 +250,27 @@ class _Builder:
                    "install", "--no-input", "--disable-pip-version-check", "--no-warn-script-location",
                    "--progress-bar", "off", "--root-user-action", "ignore", "--cache-dir", str(self.pip_cache),
                    "-r", str(requirements)]
+        proc = subprocess.Popen(self._argv(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=self._env())
+        timer = threading.Timer(PIP_TIMEOUT_S, proc.kill)
+        timer.start()
+        output: list[str] = []
         try:
-            done = subprocess.run(self._argv(command), capture_output=True, text=True, env=self._env(),
-                                  timeout=PIP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise BackendError(f"harness bundle {self.spec.name!r}: pip did not finish within "
-                               f"{PIP_TIMEOUT_S} s") from None
-        if done.returncode != 0:
-            raise _pip_error(self.spec, done.stdout + done.stderr)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                output.append(line)
+                if line.startswith(("Collecting ", "Installing collected")):
+                    progress(f"pip: {line.strip()[:100]}")
+            proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            if proc.returncode == -9:
+                raise BackendError(f"harness bundle {self.spec.name!r}: pip did not finish within {PIP_TIMEOUT_S} s")
+            raise _pip_error(self.spec, "".join(output[-400:]))
 
 
 def _pip_error(spec: HarnessBundleSpec, output: str) -> Exception:
