@@ -46,12 +46,12 @@ LOWER = [Entry.dir("etc"), Entry.file("etc/passwd", b"root:x:0:0:root:/root:/bin
          Entry.dir("gone"), Entry.file("gone/file", b"x"), Entry.file("also-gone", b"x"),
          Entry.file("usr-tool", b"#!/bin/sh\n", mode=0o4755, uid=0, gid=0, xattrs={"security.capability": CAP_NET_RAW}),
          Entry.file("owned", b"mine\n", mode=0o640, uid=1000, gid=2000),
-         Entry.file("shared", b"one inode\n", mode=0o600, uid=1000, gid=1000),
          Entry.file("replaced-by-dir", b"file first")]
 UPPER = [Entry.whiteout("gone"), Entry.whiteout("also-gone"),
          Entry.dir("opt", mode=0o750, uid=1000, gid=0), Entry.file("opt/new", b"upper"), Entry.opaque("opt"),
          Entry.symlink("etc/link", "/etc/passwd"), Entry.symlink("up", ".."),
-         Entry.hardlink("etc/shared-link", "shared"),
+         Entry.file("shared", b"one inode\n", mode=0o600, uid=1000, gid=1000),
+         Entry.hardlink("etc/shared-link", "shared"),  # within its layer, as the image spec has them
          Entry.dir("replaced-by-dir"), Entry.file("replaced-by-dir/inside", b"dir now")]
 
 
