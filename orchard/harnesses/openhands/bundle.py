@@ -1,5 +1,7 @@
 """The OpenHands SDK's harness bundle: a library, so its entry is the bundle's Python (the adapter runs its
-driver script with it). The SDK prints a banner on import unless told not to."""
+driver script with it). The SDK prints a banner on import unless told not to, and its litellm fetches a
+model cost map from GitHub on import (retrying for seconds under model-only networking) unless told to use
+its own copy."""
 
 from orchard.core.harness_bundle import HarnessBundleSpec
 
@@ -8,5 +10,5 @@ SPEC = HarnessBundleSpec(
     python="3.13",
     requirements=["openhands-sdk==1.58.2", "openhands-tools==1.58.2"],
     entry=["python"],
-    env={"OPENHANDS_SUPPRESS_BANNER": "1"},
+    env={"OPENHANDS_SUPPRESS_BANNER": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
 )
