@@ -46,13 +46,15 @@ LOWER = [Entry.dir("etc"), Entry.file("etc/passwd", b"root:x:0:0:root:/root:/bin
          Entry.dir("gone"), Entry.file("gone/file", b"x"), Entry.file("also-gone", b"x"),
          Entry.file("usr-tool", b"#!/bin/sh\n", mode=0o4755, uid=0, gid=0, xattrs={"security.capability": CAP_NET_RAW}),
          Entry.file("owned", b"mine\n", mode=0o640, uid=1000, gid=2000),
-         Entry.file("replaced-by-dir", b"file first")]
+         Entry.file("replaced-by-dir", b"file first"),
+         Entry.dir("ro", mode=0o555), Entry.file("ro/old", b"x", mode=0o444)]
 UPPER = [Entry.whiteout("gone"), Entry.whiteout("also-gone"),
          Entry.dir("opt", mode=0o750, uid=1000, gid=0), Entry.file("opt/new", b"upper"), Entry.opaque("opt"),
          Entry.symlink("etc/link", "/etc/passwd"), Entry.symlink("up", ".."),
          Entry.file("shared", b"one inode\n", mode=0o600, uid=1000, gid=1000),
          Entry.hardlink("etc/shared-link", "shared"),  # within its layer, as the image spec has them
-         Entry.dir("replaced-by-dir"), Entry.file("replaced-by-dir/inside", b"dir now")]
+         Entry.dir("replaced-by-dir"), Entry.file("replaced-by-dir/inside", b"dir now"),
+         Entry.whiteout("ro/old"), Entry.file("ro/new", b"y", mode=0o444)]  # into a 0555 dir of a lower layer
 
 
 def _layout(tmp_path: Path, name: str = "localhost/orchard-test:1", **kw) -> Path:
@@ -80,6 +82,7 @@ def _check_unpacked(rootfs: Path) -> None:
     assert os.readlink(rootfs / "etc/link") == "/etc/passwd" and os.readlink(rootfs / "up") == ".."
     assert os.stat(rootfs / "etc/shared-link").st_ino == os.stat(rootfs / "shared").st_ino
     assert (rootfs / "replaced-by-dir/inside").read_bytes() == b"dir now"
+    assert os.listdir(rootfs / "ro") == ["new"] and os.stat(rootfs / "ro").st_mode & 0o7777 == 0o555
     tool, owned, opt = os.stat(rootfs / "usr-tool"), os.stat(rootfs / "owned"), os.stat(rootfs / "opt")
     assert tool.st_mode & 0o7777 == 0o4755 and owned.st_mode & 0o7777 == 0o640 and opt.st_mode & 0o7777 == 0o750
     if ROOT:
@@ -119,6 +122,15 @@ def test_importing_again_reuses_the_image_and_names_only_add(store, tmp_path):
     assert store.remove("other/name") == ["other/name:latest"] and store.rootfs(first).exists()
     assert store.remove("localhost/orchard-test:1") == ["localhost/orchard-test:1", first.digest]
     assert _leftovers(store) == []
+
+
+def test_a_crashed_imports_leftovers_go_with_the_next_import(store, tmp_path):
+    layout = _layout(tmp_path)
+    digest = json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
+    crashed = store.root / f".import-{digest.replace(':', '-')}-x1y2z3" / "rootfs" / "etc"
+    crashed.mkdir(parents=True)  # what a killed import left: never renamed into place, never used
+    record, _ = store.import_archive(layout, ids=image_ids())
+    assert _leftovers(store) == [record.digest.replace(":", "-")]
 
 
 def test_concurrent_imports_of_one_image_unpack_it_once(store, tmp_path):

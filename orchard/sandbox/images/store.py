@@ -115,7 +115,9 @@ class ImageStore:
     def _unpack(self, files: ArchiveFiles, image: ArchiveImage, ids: IdMap | None,
                 progress: Progress | None) -> ImageRecord:
         final = self._dir(image.digest)
-        temporary = Path(tempfile.mkdtemp(prefix=f".import-{final.name[:19]}-", dir=self.root))
+        for stale in self.root.glob(f".import-{final.name}-*"):  # a crashed import's: we hold its lock now
+            _remove_tree(stale, self.root)
+        temporary = Path(tempfile.mkdtemp(prefix=f".import-{final.name}-", dir=self.root))
         try:
             rootfs = temporary / ROOTFS_NAME
             rootfs.mkdir(mode=0o755)
@@ -127,6 +129,7 @@ class ImageStore:
             try:
                 for number, layer in enumerate(image.layers, 1):
                     size += self._apply_layer(files, layer, writer, number, len(image.layers), progress)
+                writer.finish()
             finally:
                 writer.close()
                 os.close(root_fd)

@@ -58,6 +58,10 @@ class RootWriter:
         self.ids = ids
         self._dirs: dict[tuple[str, ...], int] = {}
         self._retired: list[int] = []  # forgotten, but maybe still in use by the member at hand
+        # Directories' modes and times, applied by finish() after the last layer: a read-only directory
+        # (0555) stays writable for an unprivileged importer's later layers, and a directory's mtime is
+        # not bumped by what later layers add to it.
+        self._directories: list[tuple[tuple[str, ...], tarfile.TarInfo]] = []
         self.stats = LayerStats()
 
     def close(self) -> None:
@@ -81,7 +85,7 @@ class RootWriter:
     def apply(self, stream: IO[bytes], what: str) -> None:
         """Apply the layer tar read from `stream` (already decompressed)."""
         added: set[tuple[str, ...]] = set()  # paths this layer made: an opaque dir keeps them
-        directories: list[tuple[tuple[str, ...], tarfile.TarInfo]] = []  # modes and times applied last
+        directories = self._directories
         with tarfile.open(fileobj=stream, mode="r|") as layer:  # type: ignore[call-overload]
             for member in layer:
                 self._release()
@@ -91,8 +95,16 @@ class RootWriter:
                     continue
                 added.update(parts[:i] for i in range(1, len(parts) + 1))
                 self._member(layer, member, parts, what, directories)
-        for parts, member in reversed(directories):  # deepest last-listed first; modes after contents
-            self._finish_directory(parts, member)
+        self.close()
+
+    def finish(self) -> None:
+        """After the last layer: every directory's mode and times, the last layer's that listed it."""
+        done: set[tuple[str, ...]] = set()
+        for parts, member in reversed(self._directories):  # deepest last-listed first; the latest wins
+            if parts not in done:
+                done.add(parts)
+                self._finish_directory(parts, member)
+        self._directories.clear()
         self.close()
 
     def _member(self, layer: tarfile.TarFile, member: tarfile.TarInfo, parts: tuple[str, ...], what: str,
