@@ -36,7 +36,7 @@ def test_an_unknown_backend_names_the_available_ones(tmp_path):
 def test_configs_take_defaults_from_the_home_and_the_environment(tmp_path):
     local = backend_config("local", tmp_path, environ={"ORCHARD_LOCAL_AGENT_APART": "1"})
     assert local == LocalConfig(root_dir=tmp_path / "sandboxes", bundle_cache_dir=tmp_path / "cache",
-                                agent_apart=True)
+                                image_dir=tmp_path / "images", agent_apart=True)
     k8s = backend_config("kubernetes", tmp_path, environ={"ORCHARD_K8S_NAMESPACE": "ns",
                                                           "ORCHARD_K8S_POD_PIDS_LIMIT": "256"})
     assert (k8s.namespace, k8s.pod_pids_limit, k8s.instance) == ("ns", 256, "default")
@@ -82,7 +82,8 @@ def test_kubernetes_honours_max_processes_only_against_a_declared_node_cap(tmp_p
 
 async def test_the_orchestrator_refuses_what_the_local_backend_lacks(sandbox_home):
     async with AsyncOrchard(home=sandbox_home, backend="local") as orch:
-        with pytest.raises(InvalidRequest, match="local backend .* images of kind 'oci' like 'python:3.12'"):
+        # It runs OCI images it has imported (docs/images.md): one it has not is refused by name.
+        with pytest.raises(InvalidRequest, match="image 'python:3.12' is not imported.*orchard image import FILE"):
             await orch.create(image="python:3.12")
         assert await orch.list() == []  # nothing was made
         sandbox = await orch.create()  # what it has still works
@@ -108,7 +109,7 @@ def test_cli_lists_backends_with_their_capabilities(tmp_path):
     listed = _orchard("backend", "list", home=tmp_path)
     assert listed.returncode == 0, listed.stderr
     local = next(line for line in listed.stdout.splitlines() if "│ local" in line)
-    assert "none, open" in local and "host, rootfs" in local and "root_dir" in local
+    assert "none, open" in local and "host, oci, rootfs" in local and "root_dir" in local
 
 
 def test_cli_refuses_a_bad_backend_config_file(tmp_path):
