@@ -153,6 +153,8 @@ def test_concurrent_imports_of_one_image_unpack_it_once(store, tmp_path):
     ([Entry.symlink("up", ".."), Entry.file("up/escape", b"x")], "symlink"),
     ([Entry.dir("d"), Entry.symlink("d/l", "../.."), Entry.hardlink("d/l/escape", "etc/passwd")], "symlink"),
     ([Entry.hardlink("stolen", "../../../etc/passwd")], "'..'"),
+    ([Entry.symlink("up", ".."), Entry.whiteout("up/etc")], "symlink"),  # a whiteout through it too
+    ([Entry.symlink(".", "/")], "root"),
     ([Entry.symlink("pw", "/etc/passwd"), Entry.file("pw", b"overwritten?")], None),  # replaces the link only
 ])
 def test_members_that_escape_the_root_are_refused(store, tmp_path, layer, why):

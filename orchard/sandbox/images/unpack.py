@@ -91,7 +91,7 @@ class RootWriter:
                 self._release()
                 parts = member_parts(member.name, what)
                 if parts and parts[-1].startswith(WHITEOUT):
-                    self._whiteout(parts, added)
+                    self._whiteout(parts, added, what)
                     continue
                 added.update(parts[:i] for i in range(1, len(parts) + 1))
                 self._member(layer, member, parts, what, directories)
@@ -110,6 +110,9 @@ class RootWriter:
     def _member(self, layer: tarfile.TarFile, member: tarfile.TarInfo, parts: tuple[str, ...], what: str,
                 directories: list) -> None:
         if not parts:  # the root itself ("./")
+            if not member.isdir():
+                raise UnsafeMember(f"{what}: member {member.name!r} would replace the image's root with a "
+                                   "non-directory. The archive is crafted or corrupt")
             directories.append((parts, member))
             return
         parent = self._dir(parts[:-1], create=True, what=what)
@@ -175,10 +178,10 @@ class RootWriter:
             os.close(fd)
         self.stats.files += 1
 
-    def _whiteout(self, parts: tuple[str, ...], added: set[tuple[str, ...]]) -> None:
+    def _whiteout(self, parts: tuple[str, ...], added: set[tuple[str, ...]], what: str) -> None:
         directory, marker = parts[:-1], parts[-1]
         try:
-            parent = self._dir(directory, create=False, what="")
+            parent = self._dir(directory, create=False, what=what)
         except (FileNotFoundError, NotADirectoryError):
             return  # nothing below to hide
         if marker == OPAQUE:
