@@ -28,6 +28,7 @@ from orchard.sandbox.backends import docker_containers as spec_of
 from orchard.sandbox.backends.docker_config import DockerConfig, default_run_dir, docker_capabilities
 from orchard.sandbox.backends.docker_dirs import SandboxDir, ensure_private_dir, instance_key, sandbox_key
 from orchard.sandbox.backends.docker_engine import Engine
+from orchard.sandbox.backends.gateway_socket import configured_socket, socket_for
 from orchard.sandbox.backends.local_launch import check_health
 from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
 from orchard.sandbox.harness_bundles.store import require_built
@@ -52,7 +53,9 @@ class DockerBackend:
     def __init__(self, config: DockerConfig | None = None) -> None:
         self.config = config = config or DockerConfig()
         spec_of.validate_instance(config.instance)
-        self.capabilities = docker_capabilities(config.disk_quota, config.default_image)
+        self.gateway_socket = configured_socket(config.model_gateway, "docker")  # network.gateway's
+        self.capabilities = docker_capabilities(config.disk_quota, config.default_image,
+                                                model_gateway=self.gateway_socket is not None)
         self.instance = config.instance
         self.run_base = Path(config.run_dir) if config.run_dir else default_run_dir()
         self.instance_dir = self.run_base / instance_key(config.instance)
@@ -95,6 +98,7 @@ class DockerBackend:
         self.capabilities.check(spec, self.name)
         spec_of.validate_limits(spec)
         image = spec_of.resolve_image(spec, self.config.default_image)
+        gateway_socket = socket_for(spec, self.gateway_socket, self.name)
         harness_bundles = [(built.manifest.spec.name, built.path)
                            for built in require_built(spec.bundles, self.bundle_cache_dir)]
         engine = await self._setup()
@@ -109,9 +113,10 @@ class DockerBackend:
             host_options = spec_of.host_config_options(
                 spec, bundle=self._bundle, token_file=str(sandbox_dir.token), sock_dir=str(sandbox_dir.sock_dir),
                 init=self.config.init, runtime=self.config.runtime, disk_quota=self.config.disk_quota,
-                harness_bundles=harness_bundles)
+                harness_bundles=harness_bundles, gateway_socket=gateway_socket)
             labels = spec_of.labels(sandbox_id, self.instance, owner, spec, str(sandbox_dir.path))
-            options = spec_of.container_options(sandbox_id, spec, image, bundle=self._bundle, container_labels=labels)
+            options = spec_of.container_options(sandbox_id, spec, image, bundle=self._bundle, container_labels=labels,
+                                                gateway=gateway_socket is not None)
             async with self._burst:
                 container_id = await self._call(engine.create_and_start, name, options, host_options)
             await self._wait_for_agent(engine, container_id, name, sandbox_dir, deadline)

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 from typing import ClassVar, Literal, Mapping
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from orchard.core.backend import BackendCapabilities, BackendConfig
+from orchard.sandbox.backends.gateway_socket import socket_path
 from orchard.util.env import env_flag
 
 SYSTEM_SOCKET = "unix:///var/run/docker.sock"
@@ -41,6 +42,12 @@ class DockerConfig(BackendConfig):
     bundle_cache_dir: Path | None = None
     ready_timeout_s: float = Field(default=60.0, gt=0)
     max_parallel: int = Field(default=16, gt=0, description="Engine API calls of creates/deletes in flight")
+
+    @field_validator("model_gateway")
+    @classmethod
+    def _gateway_socket(cls, value: str | None) -> str | None:
+        socket_path(value, "docker")
+        return value
 
     @classmethod
     def from_env(cls, home: Path, environ: Mapping[str, str]) -> "DockerConfig":
@@ -74,12 +81,14 @@ def default_run_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"orchard-docker-{os.getuid()}"
 
 
-def docker_capabilities(disk_quota: bool, default_image: str | None) -> BackendCapabilities:
-    """Network none (no interface but loopback) and open (the daemon's bridge); no allowlist or model-only
-    network. cpu, memory (no swap on top) and processes as the container's cgroup limits; disk only with
-    `disk_quota`. OCI images, and 'host' when a `default_image` says what it means. Harness bundles, bound
-    from this machine's cache (the daemon runs here)."""
+def docker_capabilities(disk_quota: bool, default_image: str | None,
+                        model_gateway: bool = False) -> BackendCapabilities:
+    """Network none (no interface but loopback) and open (the daemon's bridge), and the model gateway
+    beside either when one is configured (`model_gateway`, its Unix socket); no allowlist. cpu, memory (no
+    swap on top) and processes as the container's cgroup limits; disk only with `disk_quota`. OCI images,
+    and 'host' when a `default_image` says what it means. Harness bundles, bound from this machine's cache
+    (the daemon runs here)."""
     limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if disk_quota else set())
     return BackendCapabilities(network_modes=frozenset({"none", "open"}), limits=frozenset(limits),
                                image_kinds=frozenset({"oci", "host"} if default_image else {"oci"}),
-                               harness_bundles=True)
+                               harness_bundles=True, model_gateway=model_gateway)

@@ -25,6 +25,7 @@ DEADLINE_LABEL = "orchard.dev/deadline"
 CREATED_LABEL = "orchard.dev/created"
 RUN_DIR_LABEL = "orchard.dev/run-dir"
 TOKEN_MOUNT = "/.orchard-token"
+GATEWAY_MOUNT = "/.orchard-gateway.sock"  # the model gateway's Unix socket, with network.gateway
 SOCKET_MOUNT = f"{DEFAULT_MOUNT_POINT}/run"  # the bundle's empty run/ directory
 HARNESS_TMPFS_BYTES = 64 << 10
 # Docker's own bounds: a quota under 1/100 CPU and memory under 6 MiB are refused.
@@ -94,11 +95,13 @@ def labels(sandbox_id: str, instance: str, owner: str, spec: SandboxSpec, run_di
 
 def host_config_options(spec: SandboxSpec, *, bundle: AgentBundle, token_file: str, sock_dir: str,
                         init: bool, runtime: str | None, disk_quota: bool,
-                        harness_bundles: Sequence[tuple[str, Path]] = ()) -> dict:
+                        harness_bundles: Sequence[tuple[str, Path]] = (), gateway_socket: Path | None = None) -> dict:
     """Keyword arguments of `APIClient.create_host_config`: mounts, network, limits. Memory swap equals
     memory, so the limit is not stretched by swap. `harness_bundles` ((name, host directory) pairs) are
     bound read-only at HARNESS_MOUNT_ROOT/<name>, on a tiny read-only tmpfs: the agent bundle's harness/
-    is read-only, so their mount points cannot be made in it."""
+    is read-only, so their mount points cannot be made in it. `gateway_socket`: the model gateway's, bound
+    read-only at GATEWAY_MOUNT (the agent relays 127.0.0.1:4000 of the container's own namespace to it, with
+    network `none` as with the bridge)."""
     from docker.types import Mount
 
     options: dict = {
@@ -114,6 +117,8 @@ def host_config_options(spec: SandboxSpec, *, bundle: AgentBundle, token_file: s
                                        tmpfs_size=HARNESS_TMPFS_BYTES, tmpfs_mode=0o755))
         options["mounts"] += [Mount(f"{HARNESS_MOUNT_ROOT}/{name}", str(path), type="bind", read_only=True)
                               for name, path in harness_bundles]
+    if gateway_socket is not None:
+        options["mounts"].append(Mount(GATEWAY_MOUNT, str(gateway_socket), type="bind", read_only=True))
     if runtime:
         options["runtime"] = runtime
     if spec.cpu is not None:
@@ -128,12 +133,14 @@ def host_config_options(spec: SandboxSpec, *, bundle: AgentBundle, token_file: s
 
 
 def container_options(sandbox_id: str, spec: SandboxSpec, image: str, *, bundle: AgentBundle,
-                      container_labels: dict[str, str]) -> dict:
+                      container_labels: dict[str, str], gateway: bool = False) -> dict:
     """Keyword arguments of `APIClient.create_container` (host_config apart): the image's entrypoint is
     replaced by the agent, started through the bundled loader; it listens on a Unix socket in the mounted
     run directory. The token reaches it only as a file. The agent makes the workdir (as the image's user)
     and says so when it cannot."""
     argv = bundle.launch_argv(listen=f"unix:{SOCKET_MOUNT}/agent.sock", workdir=spec.workdir)
+    if gateway:
+        argv += ["--gateway", f"unix:{GATEWAY_MOUNT}"]
     env = {**spec.env, **bundle.launch_env(), "ORCHARD_AGENT_TOKEN_FILE": TOKEN_MOUNT}
     return {"image": image, "entrypoint": argv[:1], "command": argv[1:], "environment": env,
             "labels": container_labels,

@@ -9,6 +9,7 @@ from typing import ClassVar, Literal, Mapping
 from pydantic import Field, field_validator
 
 from orchard.core.backend import BackendCapabilities, BackendConfig
+from orchard.sandbox.backends.gateway_socket import socket_path
 from orchard.sandbox.backends import local_netns
 
 AGENT_APART_ENV = "ORCHARD_LOCAL_AGENT_APART"
@@ -33,26 +34,13 @@ class LocalConfig(BackendConfig):
     @field_validator("model_gateway")
     @classmethod
     def _gateway_socket(cls, value: str | None) -> str | None:
-        gateway_socket_path(value)
+        socket_path(value, "local")
         return value
 
     @classmethod
     def from_env(cls, home: Path, environ: Mapping[str, str]) -> "LocalConfig":
         return cls(root_dir=home / "sandboxes", bundle_cache_dir=home / "cache", image_dir=home / "images",
                    agent_apart=environ.get(AGENT_APART_ENV) == "1")
-
-
-def gateway_socket_path(model_gateway: str | None) -> Path | None:
-    """The socket of `model_gateway` (`unix:/PATH`); ValueError for any other form: sandboxes here have no
-    network to reach a TCP address through."""
-    if model_gateway is None:
-        return None
-    kind, _, path = model_gateway.partition(":")
-    if kind != "unix" or not path.startswith("/"):
-        raise ValueError(f"model_gateway {model_gateway!r} does not fit the local backend: give the gateway's "
-                         "Unix socket as unix:/PATH (sandboxes here get it bound in; they have no network to "
-                         "reach a TCP address through)")
-    return Path(path)
 
 
 def local_capabilities(model_gateway: bool = False) -> BackendCapabilities:
