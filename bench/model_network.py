@@ -10,6 +10,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -84,6 +85,7 @@ def run(ctx: BenchContext) -> Findings:
         gateway.end_rollout(key)
     through, straight = stats["forwarder"], stats["direct"]
     added = through.p50_ms - straight.p50_ms
+    relay, socket_only = _relay_alone(ctx)
     return Findings(rows=[
         Row(metric="chat round trip p50, in-sandbox through the forwarder", unit="ms", ours=through.p50_ms,
             peers={"host → gateway directly": straight.p50_ms},
@@ -92,14 +94,79 @@ def run(ctx: BenchContext) -> Findings:
             targets=[Target(op="<=", limit=ADDED_P50_TARGET_MS)]),
         Row(metric="chat round trip p99, in-sandbox through the forwarder", unit="ms", ours=through.p99_ms,
             peers={"host → gateway directly": straight.p99_ms}),
-    ], latencies={"forwarder": through, "direct": straight}, notes=[
+        Row(metric="1 KiB echo round trip p50 through the forwarder alone", unit="µs", ours=relay.p50_ms * 1000,
+            peers={"straight to the Unix socket": socket_only.p50_ms * 1000},
+            ratios={"forwarder/socket": relay.p50_ms / socket_only.p50_ms}),
+    ], latencies={"forwarder": through, "direct": straight, "relay": relay, "socket": socket_only}, notes=[
         "The model is the scripted server (no delay) behind the gateway, so a round trip is almost all "
         "gateway (FastAPI + litellm): what the forwarder adds stands out against it rather than against a "
         "real model's seconds.",
         "Inside, the path is client → 127.0.0.1:4000 in the sandbox's empty network namespace → the agent's "
         "relay threads → the gateway's Unix socket bound into the sandbox; directly, client → the gateway's "
         "TCP port on the host's loopback. Each block is one client process with a keep-alive connection.",
+        "The echo row isolates the relay: the agent's Forwarder in this process (no sandbox) in front of a "
+        "Unix-socket echo server, one kept connection, 1 KiB each way per round trip, against the same "
+        "client on the echo server's socket directly.",
     ])
+
+
+def _relay_alone(ctx: BenchContext):
+    """(through the forwarder, straight to the socket): 1 KiB echo round trips on kept connections."""
+    import socket
+    import threading
+
+    from orchard.sandbox.agent.forward import Forwarder
+
+    payload = b"x" * 1024
+    with tempfile.TemporaryDirectory(prefix="orchard-bench-") as directory:
+        path = str(Path(directory) / "echo.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(8)
+
+        def echo(conn: socket.socket) -> None:
+            with conn:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        forwarder = Forwarder(f"unix:{path}", port=0)
+        forwarder.start()
+        relayed = socket.create_connection(("127.0.0.1", forwarder.port))
+        relayed.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        straight = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        straight.connect(path)
+
+        def block_of(conn: socket.socket):
+            def block(k: int) -> list[float]:
+                durations = []
+                for _ in range(k):
+                    started = time.perf_counter()
+                    conn.sendall(payload)
+                    received = 0
+                    while received < len(payload):
+                        received += len(conn.recv(65536))
+                    durations.append(time.perf_counter() - started)
+                return durations
+            return block
+
+        try:
+            stats = measure_interleaved({"relay": block_of(relayed), "socket": block_of(straight)},
+                                        warmup=100, runs=ctx.pick(20000, 2000), rounds=ctx.pick(20, 4))
+        finally:
+            relayed.close()
+            straight.close()
+            forwarder.close()
+            server.close()
+    return stats["relay"], stats["socket"]
 
 
 MEASUREMENT = Measurement(
