@@ -375,3 +375,23 @@ def test_the_images_page_example_runs_an_imported_image(tmp_path, sandbox_home, 
     [(_, code, line)] = doc_blocks.of_kind(DOC, "python")
     doc_blocks.run_python(code, f"images.md:{line}", {})
     assert capsys.readouterr().out == 'PRETTY_NAME="Imported"\n/bin:/opt/task/bin\n\n'
+
+
+def test_the_cli_imports_lists_and_removes(tmp_path):
+    from typer.testing import CliRunner
+
+    from orchard.cli.main import app
+
+    home = tmp_path / "home"
+    run = lambda *args: CliRunner().invoke(app, ["image", *args, "--home", str(home)])  # noqa: E731
+    imported = run("import", str(_layout(tmp_path)), "--name", "localhost/cli:1")
+    assert imported.exit_code == 0, imported.output
+    assert "localhost/cli:1" in imported.output and "oci:localhost/cli:1" in imported.output
+    listed = run("list")
+    assert listed.exit_code == 0 and "localhost/cli:1" in listed.output and "3" in listed.output
+    missing = run("import", str(tmp_path / "no-such.tar"))
+    assert missing.exit_code == 1 and "does not exist" in " ".join(missing.output.split())
+    removed = run("rm", "localhost/cli:1")
+    assert removed.exit_code == 0 and "localhost/cli:1" in removed.output
+    assert run("rm", "localhost/cli:1").exit_code == 1
+    assert ImageStore(home / "images").records() == []
