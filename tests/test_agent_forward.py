@@ -138,3 +138,25 @@ def test_targets_other_than_unix_or_tcp_are_refused(text):
 def test_tcp_targets():
     assert parse_target("tcp:10.239.255.1:4000") == (socket.AF_INET, ("10.239.255.1", 4000))
     assert parse_target("tcp:[::1]:4000") == (socket.AF_INET6, ("::1", 4000))
+
+
+def test_the_agent_ends_when_it_cannot_take_the_gateway_port(tmp_path):
+    """`--gateway` listens before READY: a port already taken (here, in this machine's namespace) is a start
+    failure that says why, not an agent without its forwarder."""
+    import os
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("127.0.0.1", 4000))
+        except OSError:
+            pytest.skip("127.0.0.1:4000 is in use on this machine already")
+        taken.listen()
+        started = subprocess.run([sys.executable, "-m", "orchard.sandbox.agent", "--listen", "tcp:127.0.0.1:0",
+                                  "--workdir", str(tmp_path), "--gateway", f"unix:{tmp_path}/gw.sock"],
+                                 env={**os.environ, "ORCHARD_AGENT_TOKEN": "t"}, capture_output=True, text=True,
+                                 timeout=60)
+    assert started.returncode == 2 and "READY" not in started.stdout
+    assert "cannot relay the model gateway at 127.0.0.1:4000" in started.stderr
