@@ -133,6 +133,22 @@ def test_a_crashed_imports_leftovers_go_with_the_next_import(store, tmp_path):
     assert _leftovers(store) == [record.digest.replace(":", "-")]
 
 
+def test_names_are_read_as_docker_and_kubernetes_read_them(store, tmp_path):
+    from orchard.sandbox.images.refs import name_variants
+
+    assert name_variants("debian:12") == ["debian:12", "docker.io/library/debian:12"]
+    assert name_variants("docker.io/library/debian:12") == ["docker.io/library/debian:12", "debian:12"]
+    assert name_variants("user/app:1") == ["user/app:1", "docker.io/user/app:1"]
+    assert name_variants("localhost/app:1") == ["localhost/app:1"]
+    assert name_variants("registry.local:5000/app:1") == ["registry.local:5000/app:1"]
+    record, names = store.import_archive(_layout(tmp_path, name="docker.io/library/task:7"), ids=image_ids())
+    assert names == ["docker.io/library/task:7"]
+    assert store.resolve("oci:task:7") == store.resolve("docker.io/library/task:7") == record
+    with pytest.raises(InvalidRequest, match="not imported"):
+        store.resolve("task")  # :latest
+    assert store.remove("task:7") == ["docker.io/library/task:7", record.digest]
+
+
 def test_concurrent_imports_of_one_image_unpack_it_once(store, tmp_path):
     layout = _layout(tmp_path)
 

@@ -46,8 +46,9 @@ class ArchiveImage:
 def read_image(files: ArchiveFiles) -> ArchiveImage:
     if files.exists("index.json"):
         image = _oci_image(files)
-        if not image.names and files.exists("manifest.json"):  # docker ≥ 25 writes both: its tags are here
-            image.names = [n for entry in _docker_entries(files) for n in entry.get("RepoTags") or []]
+        if files.exists("manifest.json"):  # docker ≥ 25 writes both: its tags as the user gave them are here
+            tags = [str(n) for entry in _docker_entries(files) for n in entry.get("RepoTags") or []]
+            image.names = sorted(set(image.names) | set(tags))
         return image
     if files.exists("manifest.json"):
         return _docker_image(files)

@@ -24,3 +24,15 @@ def normal_name(name: str) -> str:
         raise InvalidRequest(f"{name!r} is not a valid image name: use lowercase letters, digits and . _ - / :, "
                              "as in 'localhost/swe-task:latest'")
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def name_variants(name: str) -> list[str]:
+    """`name` and how docker and Kubernetes also spell it: `debian:12` is `docker.io/library/debian:12`,
+    `user/app:1` is `docker.io/user/app:1` (and the other way round)."""
+    for prefix in ("docker.io/library/", "docker.io/"):
+        if name.startswith(prefix) and (prefix == "docker.io/library/" or "/" in name[len(prefix):]):
+            return [name, name[len(prefix):]]
+    first = name.split("/", 1)[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+        return [name]  # it names its registry
+    return [name, ("docker.io/" if "/" in name else "docker.io/library/") + name]

@@ -22,7 +22,7 @@ from orchard.core.errors import InvalidRequest, OrchardError
 from orchard.sandbox.images.archive import ArchiveImage, read_image
 from orchard.sandbox.images.blobs import READ_ERRORS, ArchiveFiles, LayerPipe, parse_digest
 from orchard.sandbox.images.models import IdMap, ImageIndex, ImageRecord
-from orchard.sandbox.images.refs import normal_name, strip_oci_prefix
+from orchard.sandbox.images.refs import name_variants, normal_name, strip_oci_prefix
 from orchard.sandbox.images.unpack import RootWriter, write_error
 from orchard.util.files import atomic_write_text
 
@@ -78,7 +78,8 @@ class ImageStore:
                 raise InvalidRequest(f"{ref!r} names {len(matches)} imported images; give more of the digest")
             return matches[0] if matches and len(value) >= SHORT_DIGEST else None
         try:
-            return self.index().names.get(normal_name(ref))
+            names = self.index().names
+            return next((names[n] for n in name_variants(normal_name(ref)) if n in names), None)
         except InvalidRequest:
             return None
 
@@ -172,8 +173,9 @@ class ImageStore:
         name of it. Returns what was removed."""
         ref = strip_oci_prefix(ref.strip())
         record = self.resolve(ref)
-        name = normal_name(ref) if _valid(ref) else None
-        by_name = name is not None and name in self.index().names
+        known = self.index().names
+        name = next((n for n in name_variants(normal_name(ref)) if n in known), None) if _valid(ref) else None
+        by_name = name is not None
         removed: list[str] = []
 
         def change(index: ImageIndex) -> None:
