@@ -346,7 +346,7 @@ async def test_the_same_name_runs_on_kubernetes_after_a_cluster_import(tmp_path)
     from orchard.sandbox.backends.k8s_images import import_injector_image
     from orchard.sandbox.backends.kubernetes import KubernetesBackend
 
-    name = f"localhost/orchard-oci-test:{secrets.token_hex(3)}"
+    name = "localhost/orchard-oci-test:k8s"  # one name, imported over on each run: nothing piles up
     layout = _layout(tmp_path, name=name)
     done = subprocess.run(["bash", str(CLUSTER_SCRIPT), "import-archive", str(layout), name],
                           capture_output=True, text=True)
