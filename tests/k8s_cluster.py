@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "scripts" / "k8s" / "cluster.sh"
 # The dev cluster's kubelet podPidsLimit (scripts/k8s/lib.sh), which the backend's max_processes rests on.
 POD_PIDS_LIMIT = 512
+NODE_IP = "10.239.255.1"  # the dev cluster's node address on lo (scripts/k8s/lib.sh): Pods reach this machine there
 
 
 def dev_cluster_kubeconfig() -> Path:

@@ -82,8 +82,8 @@ def probe(tmp_path, monkeypatch, bundle_home):
     return bundle_home
 
 
-def _suite() -> TaskSuite:
-    task = Task(id="probe", instruction="Say hi.", environment=TaskEnvironment(image="host", workdir="/workspace"),
+def _suite(image: str = "host") -> TaskSuite:
+    task = Task(id="probe", instruction="Say hi.", environment=TaskEnvironment(image=image, workdir="/workspace"),
                 grader=ScriptGrader(script="grep -q '\"egress\": \"blocked\"' probe.json"))
     return TaskSuite(name="probe-suite", tasks=[task])
 
@@ -93,6 +93,11 @@ async def test_an_in_sandbox_harness_gets_its_bundle_and_only_its_rollouts_gatew
     out = tmp_path / "run"
     results = await run_eval(harness=PROBE, model=SCRIPTED, suite=_suite(), out_dir=out,
                              gateway_config=scripted_config(scripted), backend="local")
+    _check_probe_run(out, results)
+    assert not await live_sandbox_ids(probe)
+
+
+def _check_probe_run(out: Path, results) -> None:
     (row,) = results.tasks
     (trajectory,) = read_jsonl(out / TRAJECTORIES_FILE, allow_interrupted_tail=False)
     seen = json.loads(trajectory.steps[0].message.splitlines()[0])
@@ -102,7 +107,52 @@ async def test_an_in_sandbox_harness_gets_its_bundle_and_only_its_rollouts_gatew
     assert seen["other"] in (401, 403)  # the rollout's key opens its own routes only
     assert seen["egress"] == "blocked"  # the gateway is all the network there is
     assert (row.status, row.n_llm_calls) == ("resolved", 1)  # recorded under the trial's own rollout
-    assert not await live_sandbox_ids(probe)
+
+
+@pytest.mark.k8s
+async def test_on_kubernetes_the_pod_reaches_the_runs_gateway_at_the_node_address(probe, tmp_path, scripted,
+                                                                                  monkeypatch):
+    """The same run on the dev cluster: the bundle copied from its injector image, the run's gateway listening
+    on the node's address (ORCHARD_GATEWAY_HOST, as `cluster.sh env` exports it) and allowed to that Pod
+    alone; without that address the run is refused before anything is written."""
+    import secrets
+
+    from kubernetes import client
+
+    from orchard.core.harness_bundle import get_bundle_spec
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.k8s_config import KubernetesConfig
+    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
+    from orchard.sandbox.harness_bundles.store import read_built
+    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
+
+    kubeconfig = require_cluster()
+    import_harness_image(CLUSTER_SCRIPT, read_built(probe / "cache", get_bundle_spec(TINY)))
+    namespace = f"orchard-test-{secrets.token_hex(3)}"
+    config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
+                              agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
+                              bundle_cache_dir=probe / "cache", pod_pids_limit=POD_PIDS_LIMIT)
+    suite = _suite("localhost/orchard-base:local")
+    scripted.load([{"content": "hello from the model"}], loop=True)
+    monkeypatch.delenv("ORCHARD_GATEWAY_HOST", raising=False)
+    with pytest.raises(InvalidRequest, match="set ORCHARD_GATEWAY_HOST to an address of this machine"):
+        await run_eval(harness=PROBE, model=SCRIPTED, suite=suite, out_dir=tmp_path / "refused",
+                       gateway_config=scripted_config(scripted), backend=config)
+    assert not (tmp_path / "refused").exists()
+    monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
+    api = load_api_client(kubeconfig)
+    try:
+        out = tmp_path / "run"
+        results = await run_eval(harness=PROBE, model=SCRIPTED, suite=suite, out_dir=out,
+                                 gateway_config=scripted_config(scripted), backend=config)
+        _check_probe_run(out, results)
+        assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
+    finally:
+        try:
+            client.CoreV1Api(api).delete_namespace(namespace)
+        finally:
+            api.close()
 
 
 async def test_an_in_sandbox_harness_is_refused_where_the_run_cannot_give_it_the_gateway(probe, tmp_path, scripted):

@@ -4,9 +4,10 @@ A harness says so by naming its harness bundle (`bundle = "kimi-cli"`, a spec re
 `orchard.harness_bundles`, docs/harness-bundles.md). For such a harness the evaluator
 
 - builds the bundle before the run (once; it is cached) into the cache the sandboxes' backend mounts from;
-- serves the run's gateway to the sandboxes: the backend's `model_gateway` is this run's gateway (its Unix
-  socket for backends on this machine), whatever the backend's own config said, since only this gateway
-  records the run's calls;
+- serves the run's gateway to the sandboxes: the backend's `model_gateway` is this run's gateway, whatever
+  the backend's own config said, since only this gateway records the run's calls: its Unix socket for
+  backends that bind one in (local, docker), else its TCP port on an address of this machine the sandboxes
+  reach (`ORCHARD_GATEWAY_HOST`, e.g. a Kubernetes node's IP; the dev cluster's `cluster.sh env` sets it);
 - creates each agent sandbox with the bundle mounted (`spec.bundles`) and `network.gateway` on; the task's
   own network mode still applies to everything else;
 - hands the harness a `ModelConfig` as seen from inside: base URL `http://127.0.0.1:4000/r/<rollout key>/v1`
@@ -17,8 +18,9 @@ The grader's sandbox gets none of this: grading needs neither the harness nor th
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from pydantic import SecretStr, ValidationError
 
@@ -31,6 +33,8 @@ from orchard.eval.local_gateway import LocalGateway
 from orchard.sandbox.harness_bundles.build import ensure_bundle
 from orchard.sandbox.harness_bundles.store import BuiltBundle
 from orchard.sandbox.server.home import resolve_home, resolved_backend_config
+
+GATEWAY_HOST_ENV = "ORCHARD_GATEWAY_HOST"
 
 
 def harness_bundle(harness: Harness) -> str | None:
@@ -65,16 +69,42 @@ def backend_for_run(backend: BackendConfig | str | None, orchard_url: str | None
     return resolved_backend_config(backend, resolve_home())
 
 
+def gateway_host(config: BackendConfig, environ: Mapping[str, str] = os.environ) -> str:
+    """The address the run's gateway listens on: loopback when the backend's sandboxes reach it through
+    its Unix socket, else `ORCHARD_GATEWAY_HOST`."""
+    if _takes_socket(config):
+        return "127.0.0.1"
+    host = environ.get(GATEWAY_HOST_ENV, "").strip()
+    if not host:
+        raise InvalidRequest(f"the {config.backend} backend's sandboxes reach this run's model gateway over the "
+                             f"network: set {GATEWAY_HOST_ENV} to an address of this machine they reach (for the "
+                             "dev cluster, `eval \"$(bash scripts/k8s/cluster.sh env)\"` sets it)")
+    return host
+
+
 def with_run_gateway(config: BackendConfig, gateway: LocalGateway) -> BackendConfig:
-    """`config` with `model_gateway` set to this run's gateway, as its backend reaches it."""
-    if gateway.model_gateway is None:
+    """`config` with `model_gateway` set to this run's gateway, as its backend's sandboxes reach it."""
+    where = gateway.model_gateway if _takes_socket(config) else f"http://{gateway.host}:{gateway.port}"
+    if where is None:
         raise InvalidRequest("the run's gateway listens on no Unix socket, so no sandbox can reach it")
     try:
-        return type(config).model_validate({**config.model_dump(), "model_gateway": gateway.model_gateway})
+        return _with(config, where)
     except ValidationError as exc:
-        raise InvalidRequest(f"the {config.backend} backend cannot reach this run's gateway through its Unix "
-                             f"socket ({exc.errors()[0]['msg']}); in-sandbox harnesses run on backends on "
-                             "this machine (local, docker)") from None
+        raise InvalidRequest(f"the {config.backend} backend cannot take this run's gateway at {where}: "
+                             f"{exc.errors()[0]['msg']}") from None
+
+
+def _takes_socket(config: BackendConfig) -> bool:
+    """Whether the backend reaches a gateway through its Unix socket (it binds it into sandboxes)."""
+    try:
+        _with(config, "unix:/run/gateway.sock")
+    except ValidationError:
+        return False
+    return True
+
+
+def _with(config: BackendConfig, model_gateway: str) -> BackendConfig:
+    return type(config).model_validate({**config.model_dump(), "model_gateway": model_gateway})
 
 
 def sandbox_overrides(task: Task, bundle: str) -> dict[str, Any]:

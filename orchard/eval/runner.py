@@ -33,7 +33,8 @@ from orchard.core.sandbox import SandboxFactory
 from orchard.core.task import Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
-from orchard.eval.in_sandbox import backend_for_run, ensure_run_bundle, harness_bundle, with_run_gateway
+from orchard.eval.in_sandbox import (backend_for_run, ensure_run_bundle, gateway_host, harness_bundle,
+                                     with_run_gateway)
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.partial import CALLS_FILE, read_calls, trajectory_from_calls
 from orchard.eval.results import (
@@ -114,6 +115,7 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
     if bundle:
         get_bundle_spec(bundle)  # an unknown bundle is refused before anything is written
         backend = backend_for_run(backend, orchard_url, orchard_client is not None)
+        gateway_host(backend)  # where the run's gateway would listen for the sandboxes: refused now if unknown
     loaded = load_suite(suite)
     tasks = select_tasks(loaded, task_ids)
     settings = EvalSettings(harness=harness, harness_version=agent.version, harness_options=options, model=model,
@@ -201,7 +203,9 @@ class _Run:
         gateway: LocalGateway | None = None
         try:
             # Every call is appended to calls.jsonl as it finishes: the per-turn checkpoint.
-            gateway = LocalGateway(gateway_config.model_copy(update={"record_path": self.out / CALLS_FILE}))
+            host = gateway_host(backend) if bundle else "127.0.0.1"
+            gateway = LocalGateway(gateway_config.model_copy(update={"record_path": self.out / CALLS_FILE}),
+                                   host=host)
             await asyncio.to_thread(gateway.start)
             if bundle:
                 backend = with_run_gateway(backend, gateway)

@@ -54,6 +54,8 @@ print_env() {
   echo "export ORCHARD_K8S_POD_PIDS_LIMIT=$POD_PIDS_LIMIT"
   echo "export CONTAINERD_ADDRESS=$CONTAINERD_SOCK"
   echo "export CONTAINERD_NAMESPACE=k8s.io"
+  # Where this machine is reached from Pods: a gateway run here (orchard eval's) listens there for them.
+  echo "export ORCHARD_GATEWAY_HOST=$NODE_IP"
 }
 
 UP_FINISHED=0
