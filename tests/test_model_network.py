@@ -26,6 +26,7 @@ from orchard.sandbox.bundle import ensure_agent_bundle
 from orchard.testing.scripted_model import create_scripted_app
 from orchard.testing.scripted_script import Script
 from orchard.util.uvicorn_thread import ServerThread
+from tests.test_local_allowlist import remote  # noqa: F401  (a fixture: another machine, behind a veth pair)
 
 MODEL = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
 # What a harness inside runs: one OpenAI-style call with the standard library, printing status and body.
@@ -164,8 +165,31 @@ async def test_a_gateway_that_is_not_listening_is_a_clear_error_leaving_nothing(
     assert not (tmp_path / "sandboxes" / "down").exists()
 
 
-async def test_open_mode_with_the_gateway_is_refused(backend):
-    with pytest.raises(InvalidRequest, match="shares the host's network"):
+async def test_open_mode_with_the_gateway_is_routed_through_a_namespace_of_its_own(backend, gateway, remote):
+    """`open` shares the host's network namespace, where the sandbox's own 127.0.0.1:4000 cannot exist: with
+    the gateway it is routed instead (local_netns.py, as an allowlist of every IPv4 address): the gateway
+    answers inside, another machine is reached, and 127.0.0.1 is the sandbox's own."""
+    from tests.test_local_allowlist import REMOTE_ADDRESS
+
+    token = secrets.token_hex(16)
+    sb = await backend.create(f"o{secrets.token_hex(5)}", SandboxSpec(network=NetworkPolicy(mode="open",
+                                                                                           gateway=True)), token)
+    async with AgentSandbox(sb.id, sb.agent_url, token) as agent:
+        key = f"open-{secrets.token_hex(4)}"
+        status, text = await call_inside(agent, f"{gateway.rollout_base_url(key)}/chat/completions",
+                                         gateway.rollout_api_key(key), MODEL)
+        assert status == 200, text
+        assert await reaches(agent, REMOTE_ADDRESS, remote[0]) == "connected"
+        assert await reaches(agent, "127.0.0.1", gateway.port) == "ConnectionRefusedError"
+    await backend.delete(sb)
+    assert gateway.end_rollout(key)
+
+
+async def test_open_mode_with_the_gateway_is_refused_where_it_cannot_be_routed(backend, monkeypatch):
+    from orchard.sandbox.backends import local_netns
+
+    monkeypatch.setattr(local_netns, "unavailable_reason", lambda: "it needs root")
+    with pytest.raises(InvalidRequest, match="routes the sandbox through a namespace of its own.*it needs root"):
         await backend.create("open", SandboxSpec(network=NetworkPolicy(mode="open", gateway=True)), "t" * 16)
 
 

@@ -200,11 +200,7 @@ def validate_disk(spec: SandboxSpec) -> None:
 
 
 def validate_network(spec: SandboxSpec) -> None:
-    if spec.network.gateway and spec.network.mode == "open":
-        raise InvalidRequest("network.gateway with mode 'open' is not supported by the local backend: an open "
-                             "sandbox shares the host's network, where no per-sandbox 127.0.0.1:4000 can exist; "
-                             "use mode 'model' (or 'none' with gateway), or reach the gateway at its host address")
-    local_netns.check_network(spec.network)  # allowlist: its entries, and whether this machine can
+    local_netns.check_network(spec.network)  # allowlist (and open with the gateway): entries, and whether it can
 
 
 def sandbox_env(spec: SandboxSpec, rootfs: Path | None, agent_env: dict[str, str]) -> dict[str, str]:
@@ -318,7 +314,7 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
     user (and then drops them). `gateway_socket`: the model gateway's, bound at GATEWAY_SOCKET.
     `harness_bundles`: (name, host directory) pairs, mounted read-only at HARNESS_MOUNT_ROOT/<name>."""
     args = ["--unshare-all"]
-    if spec.network.mode == "open":
+    if spec.network.mode == "open" and not spec.network.gateway:  # with it: routed (local_netns.routed)
         args.append("--share-net")
     args += ["--cap-drop", "ALL"]
     if userns_block_fd is not None:

@@ -255,7 +255,7 @@ class LocalBackend:
                     else:
                         os.close(block)  # bwrap failed before its namespaces: it exits, saying why
                 write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
-                if spec.network.mode == "allowlist" and handle.init_pid:
+                if local_netns.routed(spec.network) is not None and handle.init_pid:
                     network = self._start_network(sandbox_id, spec, handle, agent_url)
                 await wait_ready_line(proc, self.ready_timeout_s)
             except TimeoutError:
@@ -290,7 +290,9 @@ class LocalBackend:
             handle.net_slot = slot
             write_record(meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
 
-        return local_netns.start_attach(self._key(sandbox_id), handle.init_pid or 0, spec.network, record)
+        routed = local_netns.routed(spec.network)
+        assert routed is not None
+        return local_netns.start_attach(self._key(sandbox_id), handle.init_pid or 0, routed, record)
 
     # ---- delete / liveness ---------------------------------------------------------------------------
 

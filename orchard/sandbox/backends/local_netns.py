@@ -84,9 +84,28 @@ def subnet() -> ipaddress.IPv4Network:
     return network
 
 
+def routed(network: NetworkPolicy) -> NetworkPolicy | None:
+    """The allowlist a sandbox's veth pair enforces, None for a sandbox without one. Mode `allowlist` is
+    its own; `open` with the model gateway is routed too, allowing every IPv4 address: an open sandbox
+    otherwise shares the host's network namespace, where its own 127.0.0.1:4000 (the gateway) cannot exist."""
+    if network.mode == "allowlist":
+        return network
+    if network.mode == "open" and network.gateway:
+        return NetworkPolicy(mode="allowlist", allow=["0.0.0.0/0"])
+    return None
+
+
 def check_network(network: NetworkPolicy) -> None:
-    """InvalidRequest for an allowlist this machine cannot give, before anything is made."""
-    if network.mode != "allowlist":
+    """InvalidRequest for an allowlist (or a routed open network) this machine cannot give, before anything
+    is made."""
+    if routed(network) is None:
+        return
+    if network.mode == "open":
+        reason = unavailable_reason()
+        if reason:
+            raise InvalidRequest(f"network.gateway with mode 'open' routes the sandbox through a namespace of its "
+                                 f"own (the host's, which open shares otherwise, cannot hold its 127.0.0.1:4000), "
+                                 f"which this machine cannot do: {reason}")
         return
     for entry in network.allow:
         cidr, _ = parse_allow_entry(entry)  # refuses host names, as every backend does
