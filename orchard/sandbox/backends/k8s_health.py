@@ -56,3 +56,22 @@ def unreachable(name: str, agent_url: str, error: Exception) -> BackendError:
         f"({type(error).__name__}: {error}). The orchestrator talks to Pod IPs directly: run it inside the "
         "cluster (deploy/k8s), or add a route to the pod network on this host (e.g. `ip route add "
         "<pod CIDR> via <node IP>`) — see docs/kubernetes.md")
+
+
+async def wait_agent_gone(agent_url: str, deadline: float) -> bool:
+    """Wait until nothing accepts connections at the agent's address: a Pod deleted with grace 0 leaves the
+    API at once, while the kubelet stops its containers a moment later, and until then the agent would
+    still answer its token. True once gone, False at `deadline` (time.monotonic())."""
+    url = httpx.URL(agent_url)
+    delay = FIRST_RETRY_S
+    while True:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(url.host, url.port), 0.5)
+        except (OSError, TimeoutError):
+            return True
+        writer.close()
+        if time.monotonic() + delay > deadline:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, MAX_RETRY_S * 5)
+

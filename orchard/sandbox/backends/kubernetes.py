@@ -34,12 +34,13 @@ from orchard.sandbox.backends.k8s_config import DEFAULT_NAMESPACE, KubernetesCon
 from orchard.sandbox.backends.k8s_client import ApiCalls, load_api_client
 from orchard.sandbox.backends.k8s_gateway import add_forwarder, parse_model_gateway
 from orchard.sandbox.backends.k8s_harness import add_harness_bundles
-from orchard.sandbox.backends.k8s_health import wait_for_agent
+from orchard.sandbox.backends.k8s_health import wait_agent_gone, wait_for_agent
 from orchard.sandbox.backends.k8s_images import injector_image_name
 from orchard.sandbox.backends.k8s_watch import PodWatcher, unschedulable_message
 from orchard.sandbox.bundle import AgentBundle, BundleManifest, default_cache_dir, ensure_agent_bundle
 
 log = logging.getLogger(__name__)
+AGENT_GONE_TIMEOUT_S = 10.0  # the kubelet stops a deleted Pod's containers within a few seconds
 
 # A Secret or policy without its Pod this old is the leftover of a create that crashed midway.
 STALE_LEFTOVER_S = 120.0
@@ -190,6 +191,10 @@ class KubernetesBackend:
     async def delete(self, sandbox: BackendSandbox) -> None:
         await self._setup()
         await self._delete_objects(sandbox.id)
+        # Deleted means its agent answers no more (what clients holding its token see as SandboxLost).
+        if sandbox.agent_url and not await wait_agent_gone(sandbox.agent_url, time.monotonic() + AGENT_GONE_TIMEOUT_S):
+            log.warning("sandbox %s: its agent at %s still accepted connections %g s after its Pod was deleted",
+                        sandbox.id, sandbox.agent_url, AGENT_GONE_TIMEOUT_S)
 
     async def _delete_objects(self, sandbox_id: str) -> None:
         """Pod, Secret and policy, at once (grace 0: the API object goes now, the kubelet stops the
