@@ -65,10 +65,27 @@ class Probe:
         await sandbox.write_file("probe.json", result.stdout)
         return Trajectory(agent=Agent(name=self.name, version=self.version), task_id=task.id,
                           exit_status="submitted", steps=[Step(step_id=1, source="agent",
-                                                               message=result.stdout + result.stderr)])
+                                                               message=result.stdout + result.stderr)],
+                          extra={{"native_logs": ["/workspace/probe.json", "/nowhere/gone.log"]}})
 
 class Unknown(Probe):
     name, bundle = "in-sandbox-unknown", "no-such-bundle"
+
+class Silent(Probe):
+    name = "in-sandbox-silent"
+
+    async def run(self, task, sandbox, model):
+        await sandbox.write_file("probe.json", '{{"egress": "blocked"}}')
+        return Trajectory(agent=Agent(name=self.name, version=self.version), exit_status="submitted",
+                          notes="exit code 0, nothing on stderr")
+
+class FromGateway(Probe):
+    name, steps_from_gateway = "in-sandbox-from-gateway", True
+
+    async def run(self, task, sandbox, model):
+        trajectory = await super().run(task, sandbox, model)
+        trajectory.steps = []
+        return trajectory
 '''
 
 
@@ -76,7 +93,9 @@ class Unknown(Probe):
 def probe(tmp_path, monkeypatch, bundle_home):
     site_dir = next(site_on_path(tmp_path, monkeypatch, ("orchard_probe",)))
     write_distribution(site_dir, "orchard-probe", "0.1", "orchard.harnesses",
-                       {PROBE: "orchard_probe:Probe", "in-sandbox-unknown": "orchard_probe:Unknown"},
+                       {PROBE: "orchard_probe:Probe", "in-sandbox-unknown": "orchard_probe:Unknown",
+                        "in-sandbox-silent": "orchard_probe:Silent",
+                        "in-sandbox-from-gateway": "orchard_probe:FromGateway"},
                        {"orchard_probe.py": SOURCE})
     monkeypatch.setenv("ORCHARD_HOME", str(bundle_home))
     return bundle_home
@@ -107,6 +126,28 @@ def _check_probe_run(out: Path, results) -> None:
     assert seen["other"] in (401, 403)  # the rollout's key opens its own routes only
     assert seen["egress"] == "blocked"  # the gateway is all the network there is
     assert (row.status, row.n_llm_calls) == ("resolved", 1)  # recorded under the trial's own rollout
+    # the harness's native logs, copied out before its sandbox went; what could not be had is named
+    key = trajectory.rollout_key.replace(":", "%3A")
+    assert trajectory.extra["native_logs"] == {"/workspace/probe.json": f"native/{key}/probe.json"}
+    assert json.loads((out / "native" / key / "probe.json").read_text()) == seen
+    assert trajectory.extra["native_logs_missing"][0].startswith("/nowhere/gone.log: ")
+
+
+async def test_steps_from_the_gateway_and_a_harness_that_never_called_the_model(probe, tmp_path, scripted):
+    """`steps_from_gateway`: the Trial rebuilds the steps from the rollout's gateway records (the `cli`
+    harness's way); a program that never reached the model is an error, not a failed attempt."""
+    scripted.load([{"content": "hello from the model"}], loop=True)
+    out = tmp_path / "rebuilt"
+    await run_eval(harness="in-sandbox-from-gateway", model=SCRIPTED, suite=_suite(), out_dir=out,
+                   gateway_config=scripted_config(scripted), backend="local")
+    (trajectory,) = read_jsonl(out / TRAJECTORIES_FILE, allow_interrupted_tail=False)
+    assert [(step.source, step.message) for step in trajectory.steps] == [("user", "hi"),
+                                                                          ("agent", "hello from the model")]
+    assert not trajectory.partial and trajectory.steps[1].llm_call_ids == [trajectory.llm_calls[0].id]
+    results = await run_eval(harness="in-sandbox-silent", model=SCRIPTED, suite=_suite(), out_dir=tmp_path / "s",
+                             gateway_config=scripted_config(scripted), backend="local")
+    (row,) = results.tasks
+    assert (row.status, row.error) == ("error", "the harness never called the model (exit code 0, nothing on stderr)")
 
 
 @pytest.mark.k8s

@@ -214,7 +214,7 @@ class _Run:
                 rig = TrialRig(harness=self.harness, model=self.settings.model, sampling=self.settings.sampling,
                                timeouts=self.settings.timeouts, orch=orch, gateway=gateway,
                                agent_slots=asyncio.Semaphore(parallel), grading_slots=asyncio.Semaphore(parallel),
-                               bundle=bundle)
+                               bundle=bundle, out_dir=self.out)
                 async with asyncio.TaskGroup() as group:
                     for task, attempt in pending:
                         group.create_task(self._trial(rig, task, attempt))

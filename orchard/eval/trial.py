@@ -11,7 +11,12 @@ and outcome class:
 Only the agent's own outcomes count as attempts (see `orchard.core.run_status`): a phase that fails for any
 other reason ends the trial as an error with a typed `exit_status` (`environment_error`, `harness_error`,
 `timeout`, `agent_error`, `model_error`, `sandbox_error`, `grader_error`), the steps so far kept. A trial
-never raises, except when it is cancelled (the run was stopped)."""
+never raises, except when it is cancelled (the run was stopped).
+
+For a harness that runs a program of its own in the sandbox (it names a harness bundle, in_sandbox.py): the
+files it lists in `extra["native_logs"]` are copied out before the sandbox goes (native_logs.py); a class
+that says `steps_from_gateway = True` gets its steps rebuilt from the gateway's records of its rollout
+(partial.py; the zero-code `cli` harness); and a rollout that never called the model is an error."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
 from pydantic import SecretStr, ValidationError
@@ -42,6 +48,7 @@ from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
 from orchard.eval.grading import grade_script, grade_swe_patch
 from orchard.eval.in_sandbox import inside_model, sandbox_overrides
+from orchard.eval.native_logs import keep_native_logs
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.partial import trajectory_from_calls
 from orchard.eval.patch import extract_patch, snapshot_base
@@ -69,6 +76,7 @@ class TrialRig:
     grading_slots: asyncio.Semaphore  # gradings beside them: a finished agent's slot goes to the next trial
     labels: dict[str, str] = field(default_factory=dict)
     bundle: str | None = None  # the harness runs inside the sandbox from this harness bundle (in_sandbox.py)
+    out_dir: Path | None = None  # the run's directory: a harness's native logs are kept under it (native_logs.py)
 
 
 class PhaseFailed(Exception):
@@ -115,6 +123,7 @@ class Trial:
                               lambda: setup_harness(self.rig.harness, self._visible_task(), sandbox),
                               on_error=_harness_setup_status, skip_if=lambda: not hasattr(self.rig.harness, "setup"))
             trajectory = await self._agent(sandbox)
+            await keep_native_logs(sandbox, trajectory, self.rig.out_dir, self.key)
             if _counts(trajectory):
                 patch = await self._after_agent(sandbox, base, trajectory)
         except PhaseFailed as failure:
@@ -166,6 +175,9 @@ class Trial:
             if not isinstance(trajectory, Trajectory):
                 raise TypeError(f"harness {self.rig.harness.name!r} returned {type(trajectory).__name__}, "
                                 "not a Trajectory")
+            if getattr(self.rig.harness, "steps_from_gateway", False):
+                trajectory.steps = trajectory_from_calls(self.rig.gateway.gateway.calls(self.key),
+                                                         self._agent_record()).steps
         except TimeoutError as exc:
             if not cutoff.expired():  # the harness's own timeout escaped it: a crash like any other
                 log.exception("harness %s crashed on task %s", self.rig.harness.name, self.task.id)
@@ -186,6 +198,12 @@ class Trial:
                 assert hooks is not None
                 _end_rollout_quietly(hooks, self.key)
             self.agent_wall_s = time.monotonic() - started
+        if self.rig.bundle and _counts(trajectory) and not self.rig.gateway.gateway.calls(self.key):
+            # A program of its own that never reached the model did not attempt the task (misconfigured, or
+            # it failed before its first turn): an error, retried on resume, not a failed attempt.
+            notes = f" ({trajectory.notes})" if trajectory.notes else ""
+            trajectory.outcome = Outcome(error=f"the harness never called the model{notes}")
+            trajectory.exit_status = "agent_error"
         _settle_exit_status(trajectory)
         error = trajectory.outcome.error if trajectory.outcome else None
         self._close_phase(record, "ok" if error is None else ("timeout" if trajectory.exit_status == "timeout"
