@@ -31,6 +31,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/models.md": {"tests/test_model_registry.py": {"model-module", "model-entry-point", "model-cli"},
                        PAGES_MODULE: {"cli", "yaml"}},
     "docs/evaluation.md": {"tests/test_trial.py": {"cli"}},
+    "docs/cross-harness.md": {"tests/test_study.py": {"cli", "study-run", "python"}},
     "docs/trajectory.md": {"tests/test_trajectory.py": {"python"}, PAGES_MODULE: {"fields"}},
     "docs/agent-protocol.md": {PAGES_MODULE: {"agent-start"}},
     "docs/BENCHMARKS.md": {PAGES_MODULE: {"shell"}},

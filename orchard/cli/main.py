@@ -20,6 +20,7 @@ from orchard.cli import image as image_cli
 from orchard.cli import model as model_cli
 from orchard.cli import report as report_cli
 from orchard.cli import sandbox as sandbox_cli
+from orchard.cli import study as study_cli
 from orchard.cli import train as train_cli
 from orchard.cli.sandbox import err, fail, out
 from orchard.core.errors import InvalidRequest, OrchardError
@@ -35,6 +36,7 @@ app.add_typer(model_cli.app, name="model")
 app.add_typer(backend_cli.app, name="backend")
 app.add_typer(export_cli.app, name="export")
 app.add_typer(train_cli.app, name="train")
+app.add_typer(study_cli.app, name="study")
 app.command("report")(report_cli.report)
 app.command("gateway")(gateway_cli.gateway)
 

@@ -1,11 +1,14 @@
-"""`orchard report DIR... --out report.html`: one self-contained HTML page over evaluation runs."""
+"""`orchard report DIR... --out report.html`: the harness × model matrix in the terminal and one
+self-contained HTML page over evaluation runs (or a study's runs)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 
 from orchard.cli.sandbox import fail, out
@@ -13,18 +16,38 @@ from orchard.core.errors import OrchardError
 
 
 def report(
-    runs: Annotated[list[Path], typer.Argument(help="Output directories of `orchard eval` runs.")],
+    runs: Annotated[list[Path], typer.Argument(
+        help="Output directories of `orchard eval` runs or of an `orchard study` (all of its cells).")],
     out_file: Annotated[Path, typer.Option("--out", help="The HTML file to write.")] = Path("report.html"),
 ) -> None:
-    """Write an HTML report of evaluation runs.
+    """Print the harness × model matrix and write an HTML report of evaluation runs.
 
-    A harness × model matrix of resolve rates, each run's summary, and every task's trajectory (steps, tool
+    Per harness × model: resolved / attempts, the resolve rate with its 95% bootstrap confidence interval
+    (over tasks, seeded), errors and tasks not run apart (they are not attempts), and steps, tokens and
+    wall time per attempt. The HTML page adds each run's summary and every task's trajectory (steps, tool
     calls, observations, errors). No external assets: the file stands alone."""
-    from orchard.eval.report import load_runs, write_report
+    from orchard.eval.report import load_runs, unrun_cells, write_report
 
     try:
         loaded = load_runs(runs)
-        write_report(loaded, out_file)
+        unrun = unrun_cells(runs)
+        write_report(loaded, out_file, unrun)
     except OrchardError as exc:
         fail(str(exc))
+    print_matrix(loaded, unrun)
     out.print(f"report of {len(loaded)} run(s): {escape(str(out_file))}")
+
+
+def print_matrix(loaded, unrun) -> None:
+    from orchard.eval.matrix import matrix_rows
+    from orchard.eval.summary import matrix_table
+
+    console = out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=160, highlight=False)
+    rows = matrix_rows([run.results for run in loaded])
+    if rows:
+        console.print(matrix_table(rows))
+        console.print("rate = resolved ÷ attempts; CI: 95% percentile bootstrap over tasks (seeded); errors are "
+                      "not attempts", style="dim")
+    for cell in unrun:
+        console.print(f"[yellow]{escape(cell.harness)} × {escape(cell.model)} did not run: "
+                      f"{escape(cell.error or 'not run yet')}[/]")

@@ -1,6 +1,8 @@
 """The HTML report over evaluation runs (`orchard report DIR... --out report.html`): per suite a harness ×
-model matrix of resolve rates (colored cells), a summary of each run, and each task's trajectory to expand
-(steps, tool calls, observations, errors, the patch and the test outcomes).
+model matrix of resolve rates (colored cells, each with its bootstrap interval) and the same cells as rows
+(steps, tokens and wall time per attempt, errors apart), a summary of each run, and each task's trajectory to
+expand (steps, tool calls, observations, errors, the patch and the test outcomes). A study's directory
+(`orchard study --out`) stands for all of its cells.
 
 One self-contained file: styles inline, no scripts or fonts fetched, every value HTML-escaped (jinja2
 autoescaping); long texts are cut to `MAX_TEXT_CHARS` so a report of long runs stays openable."""
@@ -15,7 +17,9 @@ from typing import Any
 
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.trajectory import Content, Trajectory
+from orchard.eval.matrix import RESAMPLES, SEED, Interval, MatrixRow, matrix_rows
 from orchard.eval.results import RESULTS_FILE, EvalResults, TaskResult, latest_by_task, read_results, read_trajectories
+from orchard.eval.study import STUDY_FILE, StudyCell, study_run_directories
 from orchard.util.files import atomic_write_text
 
 TEMPLATE = "report.html.jinja"
@@ -36,6 +40,7 @@ class MatrixCell:
     finished: int
     errors: int
     anchor: str
+    row: MatrixRow | None = None
 
     @property
     def color(self) -> str:
@@ -51,42 +56,54 @@ class SuiteMatrix:
     harnesses: list[str]
     models: list[str]
     cells: dict[tuple[str, str], MatrixCell]
+    rows: list[MatrixRow] = field(default_factory=list)
 
 
 def load_runs(directories: list[Path]) -> list[RunReport]:
+    """The runs in `directories`: `orchard eval --out` directories, or `orchard study --out` directories
+    (their cells that hold results)."""
     if not directories:
         raise InvalidRequest("name at least one run directory (an `orchard eval --out` directory)")
     runs = []
-    for directory in directories:
+    for directory in _run_directories(directories):
         results = read_results(Path(directory))
         if results is None:
-            raise NotFound(f"{directory} has no {RESULTS_FILE}: is it the --out directory of an `orchard eval` run?")
+            raise NotFound(f"{directory} has no {RESULTS_FILE}: is it the --out directory of an `orchard eval` run "
+                           f"or of an `orchard study`?")
         latest = {task_id: trajectory for task_id, (trajectory, _) in latest_by_task(read_trajectories(directory)).items()}
         runs.append(RunReport(Path(directory), results, latest))
     return runs
 
 
+def unrun_cells(directories: list[Path]) -> list[StudyCell]:
+    """The cells of the studies among `directories` that hold no results (their run could not start)."""
+    return [cell for directory in directories if not (Path(directory) / RESULTS_FILE).exists()
+            for cell in study_run_directories(Path(directory))[1]]
+
+
+def _run_directories(directories: list[Path]) -> list[Path]:
+    expanded: list[Path] = []
+    for directory in directories:
+        directory = Path(directory)
+        if not (directory / RESULTS_FILE).exists() and (directory / STUDY_FILE).exists():
+            expanded.extend(study_run_directories(directory)[0])
+        else:
+            expanded.append(directory)
+    return expanded
+
+
 def build_matrices(runs: list[RunReport]) -> list[SuiteMatrix]:
     """One matrix per suite; when several runs share a cell (same harness, model and suite) their tasks are
-    counted together."""
+    counted together (orchard.eval.matrix: the rate's bootstrap interval, means per attempt)."""
+    rows = matrix_rows([run.results for run in runs])
     matrices = []
-    for suite in dict.fromkeys(run.results.settings.suite for run in runs):
-        members = [run for run in runs if run.results.settings.suite == suite]
-        harnesses = list(dict.fromkeys(run.results.settings.harness for run in members))
-        models = list(dict.fromkeys(run.results.settings.model for run in members))
-        cells = {}
-        for harness in harnesses:
-            for model in models:
-                same = [run for run in members
-                        if (run.results.settings.harness, run.results.settings.model) == (harness, model)]
-                if not same:
-                    continue
-                resolved = sum(run.results.summary.resolved for run in same)
-                finished = sum(run.results.summary.finished for run in same)
-                cells[(harness, model)] = MatrixCell(
-                    rate=resolved / finished if finished else None, resolved=resolved, finished=finished,
-                    errors=sum(run.results.summary.errors for run in same), anchor=run_anchor(runs.index(same[0])))
-        matrices.append(SuiteMatrix(suite, harnesses, models, cells))
+    for suite in dict.fromkeys(row.suite for row in rows):
+        members = [row for row in rows if row.suite == suite]
+        cells = {(row.harness, row.model): MatrixCell(
+            rate=row.resolve_rate, resolved=row.resolved, finished=row.finished, errors=row.errors,
+            anchor=run_anchor(row.runs[0]), row=row) for row in members}
+        matrices.append(SuiteMatrix(suite, list(dict.fromkeys(row.harness for row in members)),
+                                    list(dict.fromkeys(row.model for row in members)), cells, members))
     return matrices
 
 
@@ -94,21 +111,22 @@ def run_anchor(index: int) -> str:
     return f"run-{index + 1}"
 
 
-def render_report(runs: list[RunReport]) -> str:
+def render_report(runs: list[RunReport], unrun: list[StudyCell] | None = None) -> str:
     import jinja2
 
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                                      lstrip_blocks=True)
-    environment.filters.update(content_text=content_text, clip=clip, as_json=as_json, seconds=seconds)
+    environment.filters.update(content_text=content_text, clip=clip, as_json=as_json, seconds=seconds,
+                               percent=percent, interval=interval_text, number=number)
     template = environment.from_string(files("orchard.eval").joinpath(TEMPLATE).read_text(encoding="utf-8"))
     return template.render(runs=runs, matrices=build_matrices(runs), run_anchor=run_anchor,
-                           task_row=_task_row)
+                           task_row=_task_row, unrun=unrun or [], resamples=RESAMPLES, seed=SEED)
 
 
-def write_report(runs: list[RunReport], path: str | Path) -> Path:
+def write_report(runs: list[RunReport], path: str | Path, unrun: list[StudyCell] | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, render_report(runs))  # a reader never sees half a report
+    atomic_write_text(path, render_report(runs, unrun))  # a reader never sees half a report
     return path
 
 
@@ -141,3 +159,15 @@ def as_json(value: Any) -> str:
 
 def seconds(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f} s"
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def interval_text(value: Interval | None) -> str:
+    return "-" if value is None else f"{value.low:.0%}–{value.high:.0%}"
+
+
+def number(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from orchard.eval.matrix import MatrixRow
 from orchard.eval.results import EvalResults, EvalSummary
 
 STATUS_STYLE = {"resolved": "green", "failed": "red", "error": "yellow"}
@@ -52,3 +53,24 @@ def _seconds(value: float | None, digits: int = 1) -> str:
 def _shorten(text: str, width: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def matrix_table(rows: list[MatrixRow], title: str = "harness × model") -> Table:
+    """The study's matrix, one row per cell: resolve rate with its bootstrap interval, then steps, tokens and
+    wall time per attempt; errors and tasks never run apart (they are not attempts)."""
+    table = Table(title=title, title_justify="left")
+    for column, justify in (("suite", "left"), ("harness", "left"), ("model", "left"), ("resolved", "right"),
+                            ("rate", "right"), ("95% CI", "right"), ("errors", "right"), ("not run", "right"),
+                            ("steps/att.", "right"), ("tokens/att.", "right"), ("wall s/att.", "right")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for row in rows:
+        interval = row.interval
+        confidence = f"{interval.low:.0%}–{interval.high:.0%}" if interval else "-"
+        table.add_row(row.suite, row.harness, row.model, f"{row.resolved}/{row.finished}",
+                      Text(f"{row.resolve_rate:.0%}" if row.resolve_rate is not None else "n/a", style="bold"),
+                      confidence, Text(str(row.errors), style="yellow" if row.errors else ""),
+                      str(row.pending) if row.pending else "-",
+                      f"{row.mean_steps:.1f}" if row.mean_steps is not None else "-",
+                      f"{row.mean_tokens:,.0f}" if row.mean_tokens is not None else "-",
+                      _seconds(row.mean_wall_s))
+    return table

@@ -1,0 +1,167 @@
+"""The cross-harness study (`orchard study`, orchard.eval.study), its matrix (orchard.eval.matrix: the
+bootstrap interval, means per attempt, errors apart) and how `orchard report` shows it, in the terminal and
+in the HTML page. Also checks every block of docs/cross-harness.md: the small study there is run as written
+(react and mini-swe-agent × the oracle on two swe-mini tasks, real embedded sandboxes), with a harness that
+does not exist added to show that one failing cell does not stop the matrix. About 30 s."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from orchard.cli.main import app
+from orchard.eval.matrix import bootstrap_interval, matrix_rows
+from orchard.eval.results import EvalResults, EvalSettings, EvalSummary, TaskResult, read_results, read_trajectories
+from orchard.eval.run_config import TrialTimeouts
+from orchard.eval.study import cell_directory, plan_study, read_study, write_study
+from orchard.eval.summary import matrix_table
+from orchard.core.errors import InvalidRequest
+from orchard.core.harness import SamplingParams
+from tests import doc_blocks
+
+DOC = doc_blocks.ROOT / "docs" / "cross-harness.md"
+cli = CliRunner()
+
+
+# --- the bootstrap --------------------------------------------------------------------------------------
+
+def test_the_bootstrap_interval_on_known_data():
+    # two tasks, one resolved: the resample rates are 0, 1/2, 1 (1/4, 1/2, 1/4), so the 95% interval is all
+    assert bootstrap_interval([True, False]) == bootstrap_interval([False, True])
+    two = bootstrap_interval([True, False])
+    assert (two.low, two.high, two.confidence) == (0.0, 1.0, 0.95)
+    # 50 of 100: close to the normal approximation 0.5 ± 1.96 * 0.05
+    half = bootstrap_interval([True] * 50 + [False] * 50)
+    assert half.low == pytest.approx(0.402, abs=0.021) and half.high == pytest.approx(0.598, abs=0.021)
+    # narrower with more tasks, wider with more confidence
+    many = bootstrap_interval([True] * 200 + [False] * 200)
+    assert many.high - many.low < half.high - half.low
+    wide = bootstrap_interval([True] * 50 + [False] * 50, confidence=0.99)
+    assert wide.low <= half.low and wide.high >= half.high
+    # seeded: the same every time; another seed may differ but stays close
+    assert bootstrap_interval([True] * 7 + [False] * 7) == bootstrap_interval([True] * 7 + [False] * 7)
+    other = bootstrap_interval([True] * 7 + [False] * 7, seed=1)
+    assert abs(other.low - 3 / 14) <= 1 / 14
+    # all or nothing: a point; no attempts: no interval
+    assert (bootstrap_interval([True] * 5).low, bootstrap_interval([True] * 5).high) == (1.0, 1.0)
+    assert (bootstrap_interval([False] * 3).low, bootstrap_interval([False] * 3).high) == (0.0, 0.0)
+    assert bootstrap_interval([]) is None
+    with pytest.raises(ValueError):
+        bootstrap_interval([True], confidence=1.0)
+
+
+# --- the matrix -----------------------------------------------------------------------------------------
+
+def _run(harness: str, model: str, rows: list[tuple[str, str, int, int, float]], total: int | None = None,
+         elapsed: float = 10.0) -> EvalResults:
+    tasks = [TaskResult(task_id=task_id, attempt=1, rollout_key=None, status=status, steps=steps,
+                        prompt_tokens=tokens, completion_tokens=0, wall_time_s=wall,
+                        exit_status="submitted" if status != "error" else "agent_error")
+             for task_id, status, steps, tokens, wall in rows]
+    total = total if total is not None else len(rows)
+    settings = EvalSettings(harness=harness, model=model, suite="s", suite_hash="h", sampling=SamplingParams(),
+                            timeouts=TrialTimeouts(), task_ids=[f"t{i}" for i in range(total)])
+    return EvalResults(run_id=f"{harness}-{model}", settings=settings, started_at="", updated_at="",
+                       elapsed_s=elapsed, summary=EvalSummary.of(tasks, total, elapsed), tasks=tasks)
+
+
+def test_the_matrix_counts_errors_apart_and_averages_over_attempts():
+    react = _run("react", "m", [("t0", "resolved", 4, 100, 2.0), ("t1", "failed", 6, 300, 4.0),
+                                ("t2", "error", 50, 9999, 99.0)], total=4)
+    kimi = _run("kimi-cli", "m", [("t0", "error", 1, 10, 1.0)])
+    again = _run("react", "m", [("t3", "resolved", 2, 200, 3.0)], elapsed=5.0)  # a second run of the same cell
+    rows = matrix_rows([react, kimi, again])
+    assert [(row.harness, row.model, row.runs) for row in rows] == [("react", "m", [0, 2]), ("kimi-cli", "m", [1])]
+    cell, broken = rows
+    assert (cell.tasks, cell.finished, cell.resolved, cell.failed, cell.errors, cell.pending) == (5, 3, 2, 1, 1, 1)
+    assert cell.resolve_rate == pytest.approx(2 / 3)
+    assert cell.interval == bootstrap_interval([True, False, True])
+    assert (cell.mean_steps, cell.mean_tokens, cell.mean_wall_s) == (4.0, 200.0, 3.0)  # the error left out
+    assert cell.wall_time_s == 15.0
+    assert (broken.finished, broken.errors, broken.resolve_rate, broken.interval, broken.mean_steps) == (
+        0, 1, None, None, None)
+
+    console = Console(width=200, record=True)
+    console.print(matrix_table(rows))
+    text = console.export_text()
+    for column in ("harness", "model", "resolved", "rate", "95% CI", "errors", "not run", "steps/att.",
+                   "tokens/att.", "wall s/att."):
+        assert column in text
+    react_line = next(line for line in text.splitlines() if "react" in line)
+    low, high = cell.interval.low, cell.interval.high
+    assert re.search(rf"2/3\s.*67%\s.*{low:.0%}–{high:.0%}\s.*\b1\b.*\b1\b.*4\.0.*200.*3\.0", react_line), react_line
+    kimi_line = next(line for line in text.splitlines() if "kimi-cli" in line)
+    assert re.search(r"0/0\s.*n/a\s.*-\s.*\b1\b", kimi_line), kimi_line
+
+
+def test_a_study_plan_grows_and_refuses_another_suite_or_a_shared_directory(tmp_path):
+    study = plan_study(tmp_path, ["react"], ["oracle", "openai/x y"], "swe-mini")
+    assert [cell.directory for cell in study.cells] == ["react__oracle", "react__openai_x_y"]
+    assert cell_directory("kimi-cli", "openai/Qwen/Qwen3") == "kimi-cli__openai_Qwen_Qwen3"
+    with pytest.raises(InvalidRequest, match="would share the directory"):
+        plan_study(tmp_path, ["react"], ["oracle", "openai/x y", "openai/x_y"], "swe-mini")
+    write_study(tmp_path, study)
+    grown = plan_study(tmp_path, ["mini-swe-agent"], ["oracle"], "swe-mini")
+    assert [(c.harness, c.model) for c in grown.cells] == [("react", "oracle"), ("react", "openai/x y"),
+                                                          ("mini-swe-agent", "oracle")]
+    assert (grown.harnesses, grown.models) == (["react", "mini-swe-agent"], ["oracle", "openai/x y"])
+    with pytest.raises(InvalidRequest, match="holds a study of suite 'swe-mini'"):
+        plan_study(tmp_path, ["react"], ["oracle"], "other-suite")
+
+
+# --- the study, as docs/cross-harness.md runs it --------------------------------------------------------
+
+def _invoke(line: str):
+    words = shlex.split(line)
+    assert words[0] == "orchard", line
+    return cli.invoke(app, words[1:], env={"COLUMNS": "200"})
+
+
+def test_the_docs_small_study_runs_as_written_and_resumes(tmp_path, monkeypatch, sandbox_home):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCHARD_HOME", str(sandbox_home))
+    (_, code, line), = doc_blocks.of_kind(DOC, "study-run")
+    study_line, report_line = code.strip().splitlines()
+    out = tmp_path / "studies" / "small"
+    # A harness that does not exist first: its cell fails, the others still run, the command exits 1.
+    failing = study_line.replace("--harness react,", "--harness no-such-harness,react,")
+    result = _invoke(failing)
+    assert result.exit_code == 1, result.output
+    study = read_study(out)
+    assert [(c.harness, c.status) for c in study.cells] == [
+        ("no-such-harness", "failed"), ("react", "finished"), ("mini-swe-agent", "finished")]
+    assert "unknown harness 'no-such-harness'" in study.cells[0].error
+    assert "did not run: unknown harness" in result.output
+    for directory in ("react__oracle", "mini-swe-agent__oracle"):
+        results = read_results(out / directory)
+        assert (results.summary.resolved, results.summary.errors) == (2, 0), directory
+    assert (out / "report.html").is_file()
+
+    # The doc's commands as written: the study resumes (nothing is run again), the report shows the matrix.
+    before = {d: len(read_trajectories(out / d)) for d in ("react__oracle", "mini-swe-agent__oracle")}
+    result = _invoke(study_line)
+    assert result.exit_code == 0, f"docs/cross-harness.md:{line}: {result.output}"
+    assert {d: len(read_trajectories(out / d)) for d in before} == before
+    result = _invoke(report_line)
+    assert result.exit_code == 0, f"docs/cross-harness.md:{line}: {result.output}"
+    for harness in ("react", "mini-swe-agent"):
+        assert re.search(rf"{harness}\s.*oracle\s.*2/2\s.*100%\s.*100%–100%", result.output), result.output
+    assert "no-such-harness × oracle did not run" in result.output
+    html = (out / "report.html").read_text()
+    matrix = html[html.index('class="matrix"'):]
+    assert "2 / 2 resolved" in matrix and "95% CI 100%–100%" in matrix
+    assert "percentile bootstrap" in html and "Study cells that did not run" in html
+    assert "no-such-harness" in html and json.loads((out / "study.json").read_text())["suite"] == "swe-mini"
+
+
+# --- the page's other blocks ----------------------------------------------------------------------------
+
+def test_the_pages_commands_parse_and_its_python_runs():
+    doc_blocks.check_cli_lines(DOC)
+    for _, code, line in doc_blocks.of_kind(DOC, "python"):
+        doc_blocks.run_python(code, f"cross-harness.md:{line}", {})
