@@ -14,7 +14,9 @@ replayed request gets the same answer. The plan:
 2. show what changed (`git status --short && git diff --stat`). The FAIL_TO_PASS tests are not run: they
    usually come with the grader's test patch, which the agent never sees, and pytest would leave caches in
    the working tree that the runner's `git add -A` would pick up as part of the agent's change;
-3. submit: the `submit`-like tool if offered, else mini-swe-agent's `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.
+3. submit: the `submit`-like tool if offered, else mini-swe-agent's `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`;
+   a harness with tools but no submit tool that ran that command and asks again gets a reply without tool
+   calls, which ends the turn where such a reply ends it (Kimi-CLI).
 
 How each action is sent depends on the request's `tools`: a call of the shell tool (whatever its name and
 argument), or, with no tools, one command block in the text format mini-swe-agent's text mode parses
@@ -38,7 +40,8 @@ from orchard.policies.tool_specs import find_shell_tool, find_submit_tool, requi
 NAME = "oracle"
 ORACLE_MARK = "[orchard oracle]"
 TOOL_CALL_ID_PREFIX = "call_oracle_"
-MINI_SWE_AGENT_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+MINI_SWE_AGENT_SUBMIT = f"echo {SUBMIT_MARKER}"
 SUBMIT_SUMMARY = "Applied the task's reference patch."
 PLAN_LENGTH = 3
 
@@ -114,6 +117,8 @@ def next_message(task: Task, messages: list[dict[str, Any]], tools: list[dict[st
         raise InvalidRequest(f"the oracle plays the reference patch through a shell tool, but the request's tools "
                              f"({offered}) have none that runs a command (like bash(command)); offer one, or "
                              "send no tools for the text format")
+    if done >= PLAN_LENGTH and submit is None and _submit_output_came_back(messages):
+        return _end_turn_reply()
     call_id = f"{TOOL_CALL_ID_PREFIX}{done}"
     if step == 0:
         return _tool_reply(step, "apply the reference patch", call_id, shell.name,
@@ -149,6 +154,21 @@ def _apply_command(patch: str, workdir: str, *, heredoc: bool) -> str:
 
 def _check_command(workdir: str) -> str:
     return f"cd {workdir} && git status --short && git diff --stat"
+
+
+def _submit_output_came_back(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last message is the submit command's output as a tool result: the harness ran it and did
+    not stop, so it does not follow mini-swe-agent's submit convention."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "tool" and any(line.strip() == SUBMIT_MARKER  # harnesses may wrap the output
+                                              for line in _text(last.get("content")).splitlines())
+
+
+def _end_turn_reply() -> Completion:
+    """For a harness with tools but no submit tool that ran the submit command and asked again: a reply with
+    no tool calls, which ends the turn where such a reply ends it (Kimi-CLI)."""
+    return Completion(message={"role": "assistant", "content": f"{ORACLE_MARK} Done: {SUBMIT_SUMMARY}"},
+                      finish_reason="stop", model=NAME)
 
 
 def _thought(step: int, what: str) -> str:

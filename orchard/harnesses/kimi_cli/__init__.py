@@ -1,2 +1,6 @@
-"""Kimi-CLI (PyPI `kimi-cli`), run inside the sandbox from its harness bundle (bundle.py); the adapter that
-drives it comes with the in-sandbox harnesses."""
+"""Kimi-CLI (PyPI `kimi-cli`), run inside the sandbox from its harness bundle (bundle.py): the `kimi-cli`
+harness (harness.py) starts it (launch.py) and turns its session logs into the Trajectory (convert.py)."""
+
+from orchard.harnesses.kimi_cli.harness import KimiCliHarness
+
+__all__ = ["KimiCliHarness"]
