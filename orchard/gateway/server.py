@@ -33,7 +33,7 @@ def serve(host: str = "127.0.0.1", port: int = 4000, config: GatewayConfig | str
     uvicorn_config = uvicorn.Config(app, host=host, port=port, access_log=False, log_level=log_level,
                                     timeout_graceful_shutdown=10)
     if unix_socket is None:
-        uvicorn.Server(uvicorn_config).run()
+        _run(uvicorn.Server(uvicorn_config))
         return
     listeners = [_tcp_listener(host, port), _unix_listener(Path(unix_socket))]
     if threading.current_thread() is threading.main_thread():
@@ -41,11 +41,20 @@ def serve(host: str = "127.0.0.1", port: int = 4000, config: GatewayConfig | str
         # (which removes the socket) instead of dying of it.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
-        uvicorn.Server(uvicorn_config).run(sockets=listeners)
+        _run(uvicorn.Server(uvicorn_config), sockets=listeners)
     finally:
         for sock in listeners:
             sock.close()
         Path(unix_socket).unlink(missing_ok=True)
+
+
+def _run(server, **kwargs) -> None:
+    """Serve until stopped. uvicorn re-raises the SIGINT that stopped it once it has shut down: a clean stop
+    (exit 0), as `uvicorn.run` has it."""
+    try:
+        server.run(**kwargs)
+    except KeyboardInterrupt:
+        pass
 
 
 def _tcp_listener(host: str, port: int) -> socket.socket:
