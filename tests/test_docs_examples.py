@@ -37,7 +37,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/BENCHMARKS.md": {PAGES_MODULE: {"shell"}},
     "docs/architecture.md": {PAGES_MODULE: {"diagram"}},
     "docs/gateway.md": {PAGES_MODULE: {"python", "yaml", "output", "json", "shell"}},
-    "docs/harnesses.md": {PAGES_MODULE: {"python"}},
+    "docs/harnesses.md": {PAGES_MODULE: {"python"}, "tests/test_harness_cli.py": {"cli"}},
     "docs/harness-bundles.md": {"tests/test_harness_bundles.py": {"python", "cli", "layout", "toml", "shell"}},
     "docs/k8s-dev-cluster.md": {PAGES_MODULE: {"shell", "diagram"}},
     "docs/kubernetes.md": {PAGES_MODULE: {"shell"}},
