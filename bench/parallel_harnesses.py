@@ -84,11 +84,30 @@ def _register(site: Path) -> None:
     sys.path.insert(0, str(site))
 
 
-def _suite(count: int) -> TaskSuite:
+def _suite(count: int, grader: str = "test -s rtts.json") -> TaskSuite:
     environment = TaskEnvironment(image="host", workdir="/workspace")
     return TaskSuite(name="bench-loop", tasks=[
         Task(id=f"loop-{index}", instruction="Call the model.", environment=environment,
-             grader=ScriptGrader(script="test -s rtts.json")) for index in range(count)])
+             grader=ScriptGrader(script=grader)) for index in range(count)])
+
+
+def _kimi_rate(config: GatewayConfig, base_url: str, out: Path, count: int, parallel: int, steps: int) -> float:
+    """Tasks per minute of the real kimi-cli harness (its bundle, its own agent loop and Shell tool), every
+    step a Shell call the scripted model asks for after 200 ms, until Kimi's own step limit."""
+    commands = [{"tool_calls": [{"name": "Shell", "arguments": {"command": f"echo step-{index}"}}]}
+                for index in range(64)]  # distinct, so Kimi's repeated-call detector never stops a run early
+    httpx.put(f"{base_url.removesuffix('/v1')}/v1/script", json={"responses": commands, "loop": True,
+                                                                 "delay_s": MODEL_DELAY_S}).raise_for_status()
+    suite = _suite(count, grader="true")
+    started = time.perf_counter()
+    results = asyncio.run(run_eval(harness="kimi-cli", model="scripted", suite=suite, out_dir=out,
+                                   gateway_config=config, parallel=parallel, harness_options={"step_limit": steps},
+                                   backend="local"))
+    elapsed = time.perf_counter() - started
+    if results.summary.errors:
+        first = next(task for task in results.tasks if task.status == "error")
+        raise RuntimeError(f"kimi-cli: {results.summary.errors} rollout(s) ended in an error; first: {first.error}")
+    return count / elapsed * 60
 
 
 def _evaluate(config: GatewayConfig, out: Path, count: int, parallel: int, calls: int) -> tuple[float, list[float]]:
@@ -137,6 +156,7 @@ class DirectCalls:
 def run(ctx: BenchContext) -> Findings:
     calls = ctx.pick(20, 8)
     counts = {1: ctx.pick(4, 2), 8: ctx.pick(32, 16)}
+    kimi_counts, kimi_steps = {1: ctx.pick(2, 1), 8: ctx.pick(16, 8)}, ctx.pick(10, 4)
     with tempfile.TemporaryDirectory(prefix="orchard-bench-parallel-") as scratch:
         root = Path(scratch)
         (root / "site").mkdir()
@@ -155,6 +175,11 @@ def run(ctx: BenchContext) -> Findings:
                     figures[parallel] = count / elapsed * 60
                     inside[parallel] = LatencyStats.from_seconds(rtts)
                     direct[parallel] = LatencyStats.from_seconds(beside.timings)
+                kimi = {}
+                for parallel, count in kimi_counts.items():
+                    with ctx.console.status(f"kimi-cli × {count}, --parallel {parallel}, {kimi_steps} steps each"):
+                        kimi[parallel] = _kimi_rate(config, base_url, root / f"kimi-p{parallel}", count, parallel,
+                                                    kimi_steps)
         finally:
             sys.path.remove(str(root / "site"))
     added = {parallel: stats.p50_ms - direct[parallel].p50_ms for parallel, stats in inside.items()}
@@ -168,6 +193,8 @@ def run(ctx: BenchContext) -> Findings:
             targets=[Target(op="<=", limit=OVERHEAD_P50_MS)]),
         Row(metric="gateway overhead per call, one harness (p50)", unit="ms", ours=round(added[1], 2),
             peers={"call inside p50": inside[1].p50_ms, "model direct p50": direct[1].p50_ms}),
+        Row(metric=f"kimi-cli (the real harness), {MODEL_DELAY_S * 1000:.0f} ms model: tasks/min at --parallel 8",
+            unit="tasks/min", ours=kimi[8], peers={"--parallel 1": kimi[1]}, ratios={"p8/p1": ratio(kimi[8], kimi[1])}),
     ]
     return Findings(rows=rows, latencies={"call inside the sandbox, --parallel 8": inside[8],
                                           "call inside the sandbox, --parallel 1": inside[1],
@@ -181,9 +208,11 @@ def run(ctx: BenchContext) -> Findings:
         "127.0.0.1:4000 → the run's gateway on its Unix socket → litellm → the scripted server) minus the p50 "
         "of the same call straight to the scripted server from this machine, one at a time in a thread of the "
         "bench while the same run goes on (the same load on the machine's cores).",
-        "This is not a real harness's agent loop (kimi-cli, the `cli` harness): its own start-up and tools add "
-        "work on this machine that parallel runs share; the loop isolates what the evaluator and the gateway "
-        "add.",
+        "The loop agent is not a real harness: it isolates what the evaluator and the gateway add. The kimi-cli "
+        f"row runs the real Kimi-CLI from its bundle ({kimi_steps} steps of `Shell echo ...` asked by the scripted "
+        f"model, then its own step limit; {kimi_counts[1]} tasks at --parallel 1, {kimi_counts[8]} at 8): its "
+        "start-up (seconds of imports) and its tools are work on this machine's cores, which 8 parallel runs "
+        "share, so its speed-up is bounded by the cores, not by the model's latency.",
     ])
 
 
