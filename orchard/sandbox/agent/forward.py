@@ -18,8 +18,10 @@ import threading
 LISTEN_HOST = "127.0.0.1"
 LISTEN_PORT = 4000
 CHUNK = 64 << 10
-# Connections relayed at once; past this a new one is closed at once (a harness makes a handful).
-MAX_PAIRS = 512
+# Connections relayed at once; past this a new one is closed at once. A harness makes a handful; each one
+# costs the agent two threads, which count against the sandbox's process limit like the workload's own, so
+# a workload opening connections by the hundred must not be able to starve its agent of threads.
+MAX_PAIRS = 32
 CONNECT_TIMEOUT_S = 10.0
 REFUSE_LINGER_S = 2.0
 
