@@ -4,7 +4,8 @@ the scripted model server (a stand-in for the model only) or the oracle policy.
 
 The fast test is one run of four script tasks in parallel, one program dispatching on the task's
 instruction: a small tool-calling agent whose steps the evaluator rebuilds from the gateway's records, a
-crash, a hang past the harness's timeout and a program that never calls the model (each an error). The
+crash, a hang past the harness's timeout, a program that never calls the model and one whose model call
+fails (each an error). The
 slow one runs `mini` through the `cli` harness on all of swe-mini with the oracle and compares it with the
 dedicated in-process `mini-swe-agent` adapter on the same tasks: the command is the one docs/harnesses.md
 shows (its `cli` block is checked here)."""
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ from orchard.core.trajectory import Trajectory
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
+from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.sandbox.harness_bundles.build import ensure_bundle
 from orchard.cli.eval import _harness_options
 from tests import doc_blocks
@@ -52,6 +55,8 @@ if what == "crash":
 if what == "hang":
     subprocess.Popen(["sh", "-c", "sleep 600; : HANG_MARKER"])
     time.sleep(600)
+if what == "broken":
+    os.environ["OPENAI_MODEL"] = "down"  # a model the gateway serves from a port where nothing listens
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 def chat(messages):
@@ -114,10 +119,11 @@ async def test_bad_options_are_refused_before_anything_runs(tmp_path, home, scri
 async def test_steps_rebuilt_from_the_gateway_and_every_failure_an_error(tmp_path, home, scripted):
     scripted.load(SCRIPT)  # only the `chat` task calls the model
     suite = TaskSuite(name="cli-cases", tasks=[_task("chat", "grep -qx hello hello.txt"), _task("crash"),
-                                               _task("hang"), _task("silent")])
+                                               _task("hang"), _task("silent"), _task("broken")])
     out = tmp_path / "run"
-    results = await run_eval(harness="cli", model=SCRIPTED, suite=suite, out_dir=out, parallel=4,
-                             gateway_config=scripted_config(scripted), harness_options=OPTIONS, backend="local")
+    results = await run_eval(harness="cli", model=SCRIPTED, suite=suite, out_dir=out, parallel=5,
+                             gateway_config=_with_a_dead_model(scripted_config(scripted)), harness_options=OPTIONS,
+                             backend="local")
     rows = {row.task_id: row for row in results.tasks}
     trajectories = _trajectories(out)
 
@@ -150,10 +156,22 @@ async def test_steps_rebuilt_from_the_gateway_and_every_failure_an_error(tmp_pat
     assert "ran past its 20 s and was killed with its process group" in rows["hang"].error
     assert (rows["silent"].status, rows["silent"].exit_status) == ("error", "agent_error")
     assert rows["silent"].error == "the harness never called the model (exit code 0, nothing on stderr)"
-    assert results.summary.resolved == 1 and results.summary.errors == 3
+    assert (rows["broken"].status, rows["broken"].exit_status) == ("error", "model_error")
+    assert rows["broken"].error.startswith("the model call failed: ")
+    assert "; the program exited with code 1; stderr ends: " in rows["broken"].error
+    assert [call.error is not None for call in trajectories["broken"].llm_calls] == [True]
+    assert results.summary.resolved == 1 and results.summary.errors == 4
     # nothing left running: no sandbox, not the hanging program's child
     assert not await live_sandbox_ids(home)
     assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and HANG_MARKER in _cmdline(pid)]
+
+
+def _with_a_dead_model(config: GatewayConfig) -> GatewayConfig:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dead = ModelRoute(model="openai/down", api_base=f"http://127.0.0.1:{port}/v1", api_key="unused")
+    return config.model_copy(update={"models": {**config.models, "down": dead}})
 
 
 def _cmdline(pid: str) -> str:

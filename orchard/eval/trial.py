@@ -16,7 +16,8 @@ never raises, except when it is cancelled (the run was stopped).
 For a harness that runs a program of its own in the sandbox (it names a harness bundle, in_sandbox.py): the
 files it lists in `extra["native_logs"]` are copied out before the sandbox goes (native_logs.py); a class
 that says `steps_from_gateway = True` gets its steps rebuilt from the gateway's records of its rollout
-(partial.py; the zero-code `cli` harness); and a rollout that never called the model is an error."""
+(partial.py; the zero-code `cli` harness), and when such a harness fails right after its last model call
+failed, the rollout is a `model_error`; and a rollout that never called the model is an error."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from orchard.core.policy import RolloutHooks
 from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord, is_agent_outcome
 from orchard.core.sandbox import Sandbox, SandboxFactory
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
-from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
+from orchard.core.trajectory import Agent, FinalMetrics, LLMCall, Outcome, Trajectory
 from orchard.eval.grading import grade_script, grade_swe_patch
 from orchard.eval.in_sandbox import inside_model, sandbox_overrides
 from orchard.eval.native_logs import keep_native_logs
@@ -176,8 +177,9 @@ class Trial:
                 raise TypeError(f"harness {self.rig.harness.name!r} returned {type(trajectory).__name__}, "
                                 "not a Trajectory")
             if getattr(self.rig.harness, "steps_from_gateway", False):
-                trajectory.steps = trajectory_from_calls(self.rig.gateway.gateway.calls(self.key),
-                                                         self._agent_record()).steps
+                calls = self.rig.gateway.gateway.calls(self.key)
+                trajectory.steps = trajectory_from_calls(calls, self._agent_record()).steps
+                _blame_a_failed_model_call(trajectory, calls)
         except TimeoutError as exc:
             if not cutoff.expired():  # the harness's own timeout escaped it: a crash like any other
                 log.exception("harness %s crashed on task %s", self.rig.harness.name, self.task.id)
@@ -392,6 +394,17 @@ def _settle_exit_status(trajectory: Trajectory) -> None:
         trajectory.outcome = Outcome(error=f"{status}: the harness ended with this status")
     elif error is None and status is None:
         trajectory.exit_status = "stopped"
+
+
+def _blame_a_failed_model_call(trajectory: Trajectory, calls: list[LLMCall]) -> None:
+    """A harness known only by its gateway records that failed right after its last model call failed: the
+    model's error (`model_error`), what the harness said kept after it."""
+    error = trajectory.outcome.error if trajectory.outcome else None
+    if error is None or not calls or calls[-1].error is None or trajectory.exit_status == "timeout":
+        return
+    trajectory.exit_status = "model_error"
+    trajectory.outcome = Outcome(error=f"the model call failed: {calls[-1].error}; {error}")
+    trajectory.notes = trajectory.outcome.error
 
 
 def _counts(trajectory: Trajectory) -> bool:
