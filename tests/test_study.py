@@ -15,7 +15,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from orchard.cli.main import app
-from orchard.eval.matrix import bootstrap_interval, matrix_rows
+from orchard.eval.matrix import bootstrap_interval, matrix_rows, paired_difference
 from orchard.eval.results import EvalResults, EvalSettings, EvalSummary, TaskResult, read_results, read_trajectories
 from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.study import cell_directory, plan_study, read_study, write_study
@@ -55,6 +55,24 @@ def test_the_bootstrap_interval_on_known_data():
         bootstrap_interval([True], confidence=1.0)
 
 
+def test_the_paired_difference_on_known_data():
+    # the same outcomes: no difference, and no uncertainty about it
+    same = {"a": True, "b": False, "c": True}
+    tasks, delta, interval = paired_difference(same, same)
+    assert (tasks, delta, interval.low, interval.high) == (3, 0.0, 0.0, 0.0)
+    # only shared tasks count; one task of two better: +50 %, interval from 0 to +100 %
+    tasks, delta, interval = paired_difference({"a": True, "b": True, "x": True}, {"a": True, "b": False, "y": False})
+    assert (tasks, delta, interval.low, interval.high) == (2, 0.5, 0.0, 1.0)
+    # 100 of 400 tasks better, none worse: +25 % ± about 1.96 * sqrt(.25 * .75 / 400) = 4.2 points
+    better = {str(i): True for i in range(400)}
+    worse = {str(i): i >= 100 for i in range(400)}
+    tasks, delta, interval = paired_difference(better, worse)
+    assert (tasks, delta) == (400, 0.25)
+    assert interval.low == pytest.approx(0.208, abs=0.012) and interval.high == pytest.approx(0.292, abs=0.012)
+    assert paired_difference(worse, better)[2].high == pytest.approx(-interval.low, abs=0.01)  # the mirror image
+    assert paired_difference({"a": True}, {"b": True}) is None
+
+
 # --- the matrix -----------------------------------------------------------------------------------------
 
 def _run(harness: str, model: str, rows: list[tuple[str, str, int, int, float]], total: int | None = None,
@@ -75,9 +93,15 @@ def test_the_matrix_counts_errors_apart_and_averages_over_attempts():
                                 ("t2", "error", 50, 9999, 99.0)], total=4)
     kimi = _run("kimi-cli", "m", [("t0", "error", 1, 10, 1.0)])
     again = _run("react", "m", [("t3", "resolved", 2, 200, 3.0)], elapsed=5.0)  # a second run of the same cell
-    rows = matrix_rows([react, kimi, again])
-    assert [(row.harness, row.model, row.runs) for row in rows] == [("react", "m", [0, 2]), ("kimi-cli", "m", [1])]
-    cell, broken = rows
+    mini = _run("mini-swe-agent", "m", [("t0", "failed", 3, 50, 1.0), ("t1", "resolved", 3, 50, 1.0),
+                                        ("t9", "resolved", 3, 50, 1.0)])
+    rows = matrix_rows([react, kimi, again, mini])
+    assert [(row.harness, row.model, row.runs) for row in rows] == [
+        ("react", "m", [0, 2]), ("kimi-cli", "m", [1]), ("mini-swe-agent", "m", [3])]
+    cell, broken, other = rows
+    # against react (the first harness with model m), over the tasks both attempted: t0 worse, t1 better
+    assert (cell.versus, broken.versus) == (None, None)
+    assert (other.versus.baseline, other.versus.tasks, other.versus.delta) == ("react", 2, 0.0)
     assert (cell.tasks, cell.finished, cell.resolved, cell.failed, cell.errors, cell.pending) == (5, 3, 2, 1, 1, 1)
     assert cell.resolve_rate == pytest.approx(2 / 3)
     assert cell.interval == bootstrap_interval([True, False, True])
@@ -86,17 +110,20 @@ def test_the_matrix_counts_errors_apart_and_averages_over_attempts():
     assert (broken.finished, broken.errors, broken.resolve_rate, broken.interval, broken.mean_steps) == (
         0, 1, None, None, None)
 
-    console = Console(width=200, record=True)
+    console = Console(width=240, record=True)
     console.print(matrix_table(rows))
     text = console.export_text()
     for column in ("harness", "model", "resolved", "rate", "95% CI", "errors", "not run", "steps/att.",
-                   "tokens/att.", "wall s/att."):
+                   "tokens/att.", "wall s/att.", "Δ vs first harness"):
         assert column in text
     react_line = next(line for line in text.splitlines() if "react" in line)
     low, high = cell.interval.low, cell.interval.high
     assert re.search(rf"2/3\s.*67%\s.*{low:.0%}–{high:.0%}\s.*\b1\b.*\b1\b.*4\.0.*200.*3\.0", react_line), react_line
     kimi_line = next(line for line in text.splitlines() if "kimi-cli" in line)
     assert re.search(r"0/0\s.*n/a\s.*-\s.*\b1\b", kimi_line), kimi_line
+    mini_line = next(line for line in text.splitlines() if "mini-swe-agent" in line)
+    interval = other.versus.interval
+    assert f"+0% [{interval.low:+.0%}, {interval.high:+.0%}] vs react" in mini_line, mini_line
 
 
 def test_a_study_plan_grows_and_refuses_another_suite_or_a_shared_directory(tmp_path):
@@ -151,11 +178,13 @@ def test_the_docs_small_study_runs_as_written_and_resumes(tmp_path, monkeypatch,
     assert result.exit_code == 0, f"docs/cross-harness.md:{line}: {result.output}"
     for harness in ("react", "mini-swe-agent"):
         assert re.search(rf"{harness}\s.*oracle\s.*2/2\s.*100%\s.*100%–100%", result.output), result.output
+    assert re.search(r"mini-swe-agent\s.*\+0% \[\+0%, \+0%\] vs react", result.output), result.output
     assert "no-such-harness × oracle did not run" in result.output
     html = (out / "report.html").read_text()
     matrix = html[html.index('class="matrix"'):]
     assert "2 / 2 resolved" in matrix and "95% CI 100%–100%" in matrix
     assert "percentile bootstrap" in html and "Study cells that did not run" in html
+    assert "+0% [+0%, +0%] vs react" in html
     assert "no-such-harness" in html and json.loads((out / "study.json").read_text())["suite"] == "swe-mini"
 
 

@@ -42,12 +42,12 @@ def print_matrix(loaded, unrun) -> None:
     from orchard.eval.matrix import matrix_rows
     from orchard.eval.summary import matrix_table
 
-    console = out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=160, highlight=False)
+    console = out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=200, highlight=False)
     rows = matrix_rows([run.results for run in loaded])
     if rows:
         console.print(matrix_table(rows))
         console.print("rate = resolved ÷ attempts; CI: 95% percentile bootstrap over tasks (seeded); errors are "
-                      "not attempts", style="dim")
+                      "not attempts; Δ: paired over the tasks both harnesses attempted", style="dim")
     for cell in unrun:
-        console.print(f"[yellow]{escape(cell.harness)} × {escape(cell.model)} did not run: "
-                      f"{escape(cell.error or 'not run yet')}[/]")
+        what = f"did not run: {cell.error}" if cell.error else "not run yet"
+        console.print(f"[yellow]{escape(cell.harness)} × {escape(cell.model)} {escape(what)}[/]")

@@ -8,7 +8,12 @@ resample's resolve rate is computed, and the interval runs from the (1 − confi
 the same interval. It says how much the rate could move had the suite held other tasks like these; it says
 nothing about a model's sampling noise on the same task (one rollout per task). At 0 % or 100 % every
 resample gives the same rate and the interval collapses to a point: read it then as "too few tasks to
-tell" (with n tasks all resolved, the true rate can still be as low as about 1 − 3/n)."""
+tell" (with n tasks all resolved, the true rate can still be as low as about 1 − 3/n).
+
+**Harness against harness.** Each cell after the first of its model and suite also gets its difference to
+that first cell (`versus`): the mean of (this cell's outcome − the first cell's) over the tasks both
+attempted, with a paired percentile bootstrap interval (the tasks resampled, each keeping its two outcomes).
+An interval that excludes 0 says the harnesses differ on tasks like these."""
 
 from __future__ import annotations
 
@@ -56,6 +61,44 @@ def bootstrap_interval(outcomes: Sequence[bool], *, confidence: float = CONFIDEN
     return Interval(low=low, high=high, confidence=confidence)
 
 
+class Difference(BaseModel):
+    """This cell's resolve rate minus the baseline cell's, over the tasks both attempted (paired)."""
+
+    baseline: str = Field(description="the baseline cell's harness")
+    tasks: int = Field(description="tasks both cells attempted")
+    delta: float
+    interval: Interval
+
+
+def paired_difference(outcomes: dict[str, bool], baseline: dict[str, bool], *, confidence: float = CONFIDENCE,
+                      resamples: int = RESAMPLES, seed: int = SEED) -> tuple[int, float, Interval] | None:
+    """(tasks, mean difference, its percentile bootstrap interval) of `outcomes` − `baseline` over the tasks
+    both have: the tasks are resampled with replacement, each keeping its pair of outcomes, so a task's own
+    difficulty cancels out (a paired comparison needs far fewer tasks than two separate intervals suggest).
+    None when they share no task."""
+    shared = [task for task in outcomes if task in baseline]
+    if not shared:
+        return None
+    n = len(shared)
+    differences = [int(outcomes[task]) - int(baseline[task]) for task in shared]
+    delta = sum(differences) / n
+    rng = random.Random(seed)
+    # Only tasks where the two differ move the mean: draw each resampled task's difference by its frequency.
+    up, down = differences.count(1) / n, differences.count(-1) / n
+    means = []
+    for _ in range(resamples):
+        total = 0
+        for _ in range(n):
+            draw = rng.random()
+            total += 1 if draw < up else (-1 if draw < up + down else 0)
+        means.append(total / n)
+    means.sort()
+    tail = (1 - confidence) / 2
+    low = means[max(0, math.ceil(tail * resamples) - 1)]
+    high = means[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]
+    return n, delta, Interval(low=low, high=high, confidence=confidence)
+
+
 class MatrixRow(BaseModel):
     """One cell of the matrix: every run of this harness and model on this suite, their tasks together."""
 
@@ -75,6 +118,8 @@ class MatrixRow(BaseModel):
     mean_wall_s: float | None = Field(description="a task's own wall time per attempt")
     wall_time_s: float = Field(description="the runs' elapsed time, summed")
     runs: list[int] = Field(default_factory=list, description="indices of the runs in this cell")
+    versus: Difference | None = Field(default=None, description=(
+        "the rate minus that of the suite's first harness with the same model, paired over shared tasks"))
 
 
 def matrix_rows(runs: Sequence[EvalResults], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
@@ -85,11 +130,13 @@ def matrix_rows(runs: Sequence[EvalResults], *, confidence: float = CONFIDENCE, 
         settings = run.settings
         cells.setdefault((settings.suite, settings.harness, settings.model), []).append(index)
     rows = []
+    outcomes: dict[tuple[str, str, str], dict[str, bool]] = {}
     for (suite, harness, model), indices in cells.items():
         members = [runs[index] for index in indices]
         tasks = [task for run in members for task in run.tasks]
         attempts = [task for task in tasks if task.status != "error"]
         resolved = sum(1 for task in attempts if task.status == "resolved")
+        outcomes[(suite, harness, model)] = {task.task_id: task.status == "resolved" for task in attempts}
         rows.append(MatrixRow(
             suite=suite, harness=harness, model=model, tasks=sum(run.summary.total for run in members),
             finished=len(attempts), resolved=resolved, failed=len(attempts) - resolved,
@@ -102,6 +149,15 @@ def matrix_rows(runs: Sequence[EvalResults], *, confidence: float = CONFIDENCE, 
             mean_tokens=_mean((task.prompt_tokens or 0) + (task.completion_tokens or 0) for task in attempts),
             mean_wall_s=_mean(task.wall_time_s for task in attempts if task.wall_time_s is not None),
             wall_time_s=sum(run.elapsed_s for run in members), runs=indices))
+    for row in rows:
+        first = next(other for other in rows if (other.suite, other.model) == (row.suite, row.model))
+        if first is row:
+            continue
+        paired = paired_difference(outcomes[(row.suite, row.harness, row.model)],
+                                   outcomes[(first.suite, first.harness, first.model)], confidence=confidence,
+                                   resamples=resamples, seed=seed)
+        if paired is not None:
+            row.versus = Difference(baseline=first.harness, tasks=paired[0], delta=paired[1], interval=paired[2])
     return rows
 
 

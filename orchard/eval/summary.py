@@ -57,11 +57,13 @@ def _shorten(text: str, width: int) -> str:
 
 def matrix_table(rows: list[MatrixRow], title: str = "harness × model") -> Table:
     """The study's matrix, one row per cell: resolve rate with its bootstrap interval, then steps, tokens and
-    wall time per attempt; errors and tasks never run apart (they are not attempts)."""
+    wall time per attempt; errors and tasks never run apart (they are not attempts); last the paired
+    difference to the first harness with the same model."""
     table = Table(title=title, title_justify="left")
     for column, justify in (("suite", "left"), ("harness", "left"), ("model", "left"), ("resolved", "right"),
                             ("rate", "right"), ("95% CI", "right"), ("errors", "right"), ("not run", "right"),
-                            ("steps/att.", "right"), ("tokens/att.", "right"), ("wall s/att.", "right")):
+                            ("steps/att.", "right"), ("tokens/att.", "right"), ("wall s/att.", "right"),
+                            ("Δ vs first harness (95% CI)", "right")):
         table.add_column(column, justify=justify, overflow="fold")
     for row in rows:
         interval = row.interval
@@ -72,5 +74,13 @@ def matrix_table(rows: list[MatrixRow], title: str = "harness × model") -> Tabl
                       str(row.pending) if row.pending else "-",
                       f"{row.mean_steps:.1f}" if row.mean_steps is not None else "-",
                       f"{row.mean_tokens:,.0f}" if row.mean_tokens is not None else "-",
-                      _seconds(row.mean_wall_s))
+                      _seconds(row.mean_wall_s), versus_text(row))
     return table
+
+
+def versus_text(row: MatrixRow) -> str:
+    """`+25% [+21%, +29%] vs react`: the paired difference to the first harness with the same model."""
+    versus = row.versus
+    if versus is None:
+        return "-"
+    return f"{versus.delta:+.0%} [{versus.interval.low:+.0%}, {versus.interval.high:+.0%}] vs {versus.baseline}"
