@@ -168,7 +168,7 @@ def trajectory_from_session(session: KimiSession, agent: Agent) -> Trajectory:
     for agent_id, log in sorted(subagents.items()):
         sub_agent = agent.model_copy(update={"name": f"{agent.name}/{log.subagent_type or 'subagent'}"})
         sub = trajectory_from_log(log, sub_agent)
-        sub.session_id = agent_id
+        sub.session_id = sub.trajectory_id = agent_id
         sub.extra["parent_tool_call_id"] = parent_calls.get(agent_id)
         trajectory.subagent_trajectories.append(sub)
         _link_subagent(trajectory, parent_calls.get(agent_id), agent_id)
@@ -190,10 +190,64 @@ def trajectory_from_log(log: KimiLog, agent: Agent) -> Trajectory:
         for position, message in enumerate(messages):
             _add_message(steps, message, response_ids, position in copied)
         previous = messages
+    logged = sum(1 for step in steps if step.source == "agent" and not step.is_copied_context)
+    for pending in wire_steps(log)[logged:]:  # replies the wire has but the context not yet (a killed run)
+        steps.append(_wire_step(len(steps) + 1, pending))
     trajectory = Trajectory(agent=agent, steps=steps,
                             exit_status="submitted" if log.ended_turn() else None)
     trajectory.extra["kimi_compactions"] = log.compactions()
     return trajectory
+
+
+@dataclass
+class WireStep:
+    """One step as the wire logged it: the model's reply (its parts and tool calls, as streamed) and the
+    results of its tool calls."""
+
+    response_id: str | None = None
+    text: str = ""
+    think: str = ""
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+def wire_steps(log: KimiLog) -> list[WireStep]:
+    """The agent's own steps in its wire log whose model call completed (a `StatusUpdate` with the reply's id
+    was logged): Kimi appends a reply to context.jsonl only once its tool calls have run, so a run killed
+    mid-command has its last reply here alone. A reply still streaming when the log ends is left out."""
+    steps: list[WireStep] = []
+    for event in log.events():
+        kind, payload = event.get("type"), event.get("payload") or {}
+        if kind == "StepBegin":
+            steps.append(WireStep())
+        elif not steps:
+            continue
+        elif kind == "ContentPart" and payload.get("type") == "text":
+            steps[-1].text += payload.get("text") or ""
+        elif kind == "ContentPart" and payload.get("type") == "think":
+            steps[-1].think += payload.get("think") or ""
+        elif kind == "ToolCall":
+            steps[-1].calls.append({"id": payload.get("id"), "function": dict(payload.get("function") or {})})
+        elif kind == "ToolCallPart" and steps[-1].calls:  # streamed argument text
+            function = steps[-1].calls[-1]["function"]
+            function["arguments"] = (function.get("arguments") or "") + (payload.get("arguments_part") or "")
+        elif kind == "StatusUpdate" and payload.get("message_id"):
+            steps[-1].response_id = payload["message_id"]
+        elif kind == "ToolResult":
+            steps[-1].results.append(payload)
+    return [step for step in steps if step.response_id is not None]
+
+
+def _wire_step(step_id: int, pending: WireStep) -> Step:
+    step = _step(step_id, "agent", pending.text, reasoning_content=pending.think or None,
+                 tool_calls=[_tool_call(call) for call in pending.calls])
+    step.extra.update({"response_id": pending.response_id, "kimi_from_wire": True})
+    results = [ObservationResult(source_call_id=r.get("tool_call_id"),
+                                 content=str((r.get("return_value") or {}).get("output") or ""))
+               for r in pending.results]
+    if results:
+        step.observation = Observation(results=results)
+    return step
 
 
 def _copied_prefix(after: list[dict[str, Any]], previous: list[dict[str, Any]]) -> int:

@@ -1,0 +1,253 @@
+"""The `kimi-cli` harness with the real Kimi-CLI 1.51.0 from its harness bundle (built once per session, the
+downloads shared) in real embedded sandboxes, through the real evaluator and its gateway: driven by the oracle
+(the swe-mini suite, 14 tasks at once) and by the scripted model server (a subagent and a compaction, a run
+killed mid-command, a crash, failed model calls). Each trajectory is checked against the gateway's records
+(no step invented) and exported to ATIF."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from orchard.core.atif import to_atif
+from orchard.core.harness_bundle import get_bundle_spec
+from orchard.core.jsonl import read_jsonl
+from orchard.core.trajectory import Agent, Trajectory
+from orchard.eval.results import TRAJECTORIES_FILE
+from orchard.eval.runner import run_eval
+from orchard.gateway.config import GatewayConfig, ModelRoute
+from orchard.harnesses.kimi_cli.convert import KimiLog, parse_jsonl, trajectory_from_log
+from orchard.sandbox.harness_bundles.build import ensure_bundle
+from tests.atif_spec import validate_atif
+from tests.harness_bundle_rig import shared_downloads
+from tests.harness_rig import SCRIPTED, scripted_config
+
+pytestmark = pytest.mark.slow
+TASK = "orchard__pagekit-112"
+
+
+@pytest.fixture(scope="session")
+def kimi_home(tmp_path_factory) -> Path:
+    """An Orchard home whose cache holds the kimi-cli bundle, built once (~30 s; downloads kept)."""
+    home = tmp_path_factory.mktemp("kimi-home")
+    ensure_bundle(get_bundle_spec("kimi-cli"), home / "cache", downloads=shared_downloads())
+    return home
+
+
+@pytest.fixture
+def home(kimi_home, monkeypatch) -> Path:
+    monkeypatch.setenv("ORCHARD_HOME", str(kimi_home))
+    return kimi_home
+
+
+def _trajectories(out: Path) -> list[Trajectory]:
+    return list(read_jsonl(out / TRAJECTORIES_FILE, allow_interrupted_tail=False))
+
+
+def check_fidelity(trajectory: Trajectory) -> None:
+    """Every agent step Kimi took (not a copy a compaction repeated), its subagents' too, is one gateway call's
+    reply, found by the response id Kimi logged: same text, same tool calls; the whole exports to valid ATIF."""
+    by_response = {call.response["id"]: call for call in trajectory.llm_calls if call.response}
+    for step in _own_agent_steps(trajectory):
+        call = by_response[step.extra["response_id"]]
+        if step in trajectory.steps:  # the evaluator links the main agent's steps to their calls
+            assert step.llm_call_ids == [call.id]
+        message = call.response["choices"][0]["message"]
+        assert step.message == (message.get("content") or "")
+        assert [(c.tool_call_id, c.function_name, c.raw_arguments) for c in step.tool_calls] == [
+            (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+        for call in step.tool_calls:  # every call has its result
+            assert call.tool_call_id in [r.source_call_id for r in step.observation.results]
+    validate_atif(to_atif(trajectory))
+
+
+def _own_agent_steps(trajectory: Trajectory):
+    for sub in [trajectory, *trajectory.subagent_trajectories]:
+        for step in sub.steps:
+            if step.source == "agent" and not step.is_copied_context:
+                yield step
+
+
+async def test_the_oracle_resolves_swe_mini_through_kimis_own_shell_tool(home, tmp_path):
+    out = tmp_path / "oracle"
+    results = await run_eval(harness="kimi-cli", model="oracle", suite="swe-mini", out_dir=out, parallel=8,
+                             gateway_config=GatewayConfig(), backend="local")
+    assert [row.status for row in results.tasks] == ["resolved"] * 14, [row.error for row in results.tasks]
+    for trajectory in _trajectories(out):
+        assert trajectory.exit_status == "submitted"
+        assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["Shell"] * 3
+        check_fidelity(trajectory)
+        assert len(list(_own_agent_steps(trajectory))) == len(trajectory.llm_calls) == 4
+        kept = trajectory.extra["native_logs"]
+        assert {Path(p).name for p in kept.values()} >= {"kimi.log"}
+        session = next(out / p for p in kept.values() if not p.endswith("kimi.log"))
+        assert (session / "wire.jsonl").is_file() and (session / "context.jsonl").is_file()
+
+
+BIG = "yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa | head -c 40000"  # 40 kB of output: the context grows
+SUBAGENT_REPLY = ("The repository holds the pagekit package: pagekit/__init__.py and pagekit/paginator.py, which "
+                  "defines Page and paginate; tests live under tests/. Nothing else is there, and no file looks "
+                  "generated or out of place.")  # Kimi asks a subagent again when its answer is under 200 chars
+
+
+async def test_a_subagent_and_a_compaction_from_the_scripted_model(home, tmp_path, scripted):
+    """First a plain reply (Kimi ends its turn: submitted), which also measures the size of Kimi's first prompt;
+    then a run whose context is set to overflow at its third step: a Shell call with a big output, an Agent call
+    whose subagent runs Shell itself, the compaction's own model call, the last reply."""
+    scripted.load([{"content": "Nothing to do."}])
+    out = tmp_path / "plain"
+    await run_eval(harness="kimi-cli", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
+                   gateway_config=scripted_config(scripted), backend="local")
+    (plain,) = _trajectories(out)
+    assert plain.exit_status == "submitted" and plain.outcome.error is None
+    assert [s.source for s in plain.steps] == ["system", "user", "user", "agent"]  # prompt, task, afk note, reply
+    check_fidelity(plain)
+    first_prompt = plain.llm_calls[0].prompt_tokens
+    # Kimi compacts before a step once its context + 50k reserved tokens reach max_context_size: not before the
+    # second step (first prompt + ~10k estimated), but before the third (+40k of output reported by the server)
+    scripted.load([
+        {"content": "Make the context big.", "tool_calls": [{"id": "call_big", "name": "Shell",
+                                                             "arguments": {"command": BIG}}]},
+        {"content": "Ask a helper.", "tool_calls": [{"id": "call_agent", "name": "Agent", "arguments": {
+            "description": "list the files", "prompt": "List the files in the repository.",
+            "subagent_type": "coder"}}]},
+        {"content": "Listing.", "tool_calls": [{"id": "call_sub_ls", "name": "Shell", "arguments": {"command": "ls"}}]},
+        {"content": SUBAGENT_REPLY},
+        {"content": "SUMMARY: a big output was read; the helper listed the files."},
+        {"content": "All done."}])
+    out = tmp_path / "compacted"
+    results = await run_eval(harness="kimi-cli", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=scripted_config(scripted), backend="local",
+                             harness_options={"max_context_size": first_prompt + 75_000})
+    (trajectory,) = _trajectories(out)
+    assert (results.tasks[0].status, trajectory.exit_status) == ("failed", "submitted")  # nothing was fixed
+    assert trajectory.extra["kimi_compactions"] == 1
+    check_fidelity(trajectory)
+    agent = [(s.message, s.is_copied_context) for s in trajectory.steps if s.source == "agent"]
+    assert agent == [("Make the context big.", False), ("Ask a helper.", False),
+                     ("Make the context big.", True), ("Ask a helper.", True), ("All done.", False)]
+    summary = next(s for s in trajectory.steps if s.extra.get("kimi_compaction_summary"))
+    assert "SUMMARY: a big output was read" in summary.message and not summary.is_copied_context
+    (sub,) = trajectory.subagent_trajectories
+    assert [s.message for s in sub.steps if s.source == "agent"] == ["Listing.", SUBAGENT_REPLY]
+    assert sub.extra["parent_tool_call_id"] == "call_agent"
+    assert [c.function_name for s in sub.steps for c in s.tool_calls] == ["Shell"]
+    ask = next(s for s in trajectory.steps if s.message == "Ask a helper." and not s.is_copied_context)
+    (result,) = ask.observation.results
+    assert [ref.session_id for ref in result.subagent_trajectory_ref] == [sub.session_id]
+    # six model calls: four agent steps linked (main and subagent), the compaction's call, the last reply
+    linked = {s.extra["response_id"] for s in _own_agent_steps(trajectory)}
+    assert len(trajectory.llm_calls) == 6 and len(linked) == 5
+    (unlinked,) = [c for c in trajectory.llm_calls if c.response["id"] not in linked]
+    assert "SUMMARY" in unlinked.response["choices"][0]["message"]["content"]
+
+
+async def test_failures_are_errors_with_kimis_own_words(home, tmp_path, scripted):
+    """Killed mid-command at its time limit (the steps so far kept), a crash (a config Kimi refuses), model
+    calls that fail (the gateway's route leads nowhere): each an error, not a failed attempt."""
+    scripted.load([{"content": "Wait.", "tool_calls": [{"id": "call_sleep", "name": "Shell",
+                                                        "arguments": {"command": "sleep 600", "timeout": 300}}]}],
+                  loop=True)
+    out = tmp_path / "killed"
+    started = time.monotonic()
+    results = await run_eval(harness="kimi-cli", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=scripted_config(scripted), backend="local", task_timeout_s=45)
+    assert time.monotonic() - started < 300
+    (row,) = results.tasks
+    (killed,) = _trajectories(out)
+    assert row.status == "error" and killed.exit_status == "timeout" and killed.partial, (row, killed.outcome)
+    assert "killed with its process group" in killed.outcome.error
+    # the reply whose command was running is in the wire log only (Kimi writes it to its context afterwards)
+    last = killed.steps[-1]
+    assert [c.function_name for c in last.tool_calls] == ["Shell"] and last.extra["kimi_from_wire"]
+    assert last.llm_call_ids == [killed.llm_calls[0].id] and last.observation is None
+    validate_atif(to_atif(killed))
+
+    out = tmp_path / "crash"
+    results = await run_eval(harness="kimi-cli", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=scripted_config(scripted), backend="local",
+                             harness_options={"step_limit": 0})  # Kimi refuses max_steps_per_turn = 0
+    (row,) = results.tasks
+    assert row.status == "error" and "exited with code 1" in row.error, row.error
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    down = GatewayConfig(models={"down": ModelRoute(model="openai/down", api_base=f"http://127.0.0.1:{dead}/v1",
+                                                    api_key="unused")})
+    out = tmp_path / "down"
+    results = await run_eval(harness="kimi-cli", model="down", suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=down, backend="local")
+    (row,) = results.tasks
+    (failed,) = _trajectories(out)
+    assert row.status == "error" and failed.exit_status == "model_error", row.error
+    assert "model calls failed" in failed.outcome.error
+
+
+def test_a_truncated_wire_log_is_read_as_far_as_it_goes(tmp_path):
+    """A wire.jsonl cut mid-line (Kimi killed while writing): the events before the cut are read, the steps
+    after them lose only their response ids; nothing is invented."""
+    context = [
+        {"role": "_system_prompt", "content": "You are Kimi."}, {"role": "_checkpoint", "id": 0},
+        {"role": "user", "content": "Fix it."},
+        {"role": "assistant", "content": "Look.", "tool_calls": [
+            {"type": "function", "id": "c1", "function": {"name": "Shell", "arguments": '{"command": "ls"}'}}]},
+        {"role": "tool", "content": [{"type": "text", "text": "a.py\n"}], "tool_call_id": "c1"},
+        {"role": "assistant", "content": [{"type": "think", "think": "Hmm."}, {"type": "text", "text": "Done."}]}]
+    wire = [{"type": "metadata", "protocol_version": "1.10"},
+            {"timestamp": 1.0, "message": {"type": "StatusUpdate", "payload": {"message_id": "resp-1"}}},
+            {"timestamp": 2.0, "message": {"type": "StatusUpdate", "payload": {"message_id": "resp-2"}}}]
+    data = "".join(json.dumps(record) + "\n" for record in wire).encode()
+    cut = data[:data.rindex(b"resp-2")]  # the second StatusUpdate cut short
+    log = KimiLog(directory="/s", contexts=[context], wire=parse_jsonl(cut))
+    trajectory = trajectory_from_log(log, Agent(name="kimi-cli", version="1.51.0"))
+    steps = [(s.source, s.message, s.extra.get("response_id")) for s in trajectory.steps]
+    assert steps == [("system", "You are Kimi.", None), ("user", "Fix it.", None), ("agent", "Look.", "resp-1"),
+                     ("agent", "Done.", None)]
+    assert trajectory.steps[2].observation.results[0].content == "a.py\n"
+    assert trajectory.steps[3].reasoning_content == "Hmm."
+    assert trajectory.exit_status is None  # no TurnEnd in what was read
+    validate_atif(to_atif(trajectory))
+
+
+@pytest.mark.k8s
+async def test_on_kubernetes_the_oracle_resolves_three_tasks(home, tmp_path, monkeypatch):
+    """The same harness in Pods of the dev cluster: the bundle copied from its injector image, the run's gateway
+    at the node's address."""
+    import secrets
+
+    from kubernetes import client
+
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.k8s_config import KubernetesConfig
+    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
+    from orchard.sandbox.harness_bundles.store import read_built
+    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
+
+    kubeconfig = require_cluster()
+    import_harness_image(CLUSTER_SCRIPT, read_built(home / "cache", get_bundle_spec("kimi-cli")))
+    namespace = f"orchard-test-{secrets.token_hex(3)}"
+    config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
+                              agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
+                              bundle_cache_dir=home / "cache", pod_pids_limit=POD_PIDS_LIMIT)
+    monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
+    tasks = ["orchard__pagekit-112", "orchard__memocache-76", "orchard__envfile-47"]
+    api = load_api_client(kubeconfig)
+    try:
+        out = tmp_path / "k8s"
+        results = await run_eval(harness="kimi-cli", model="oracle", suite="swe-mini", task_ids=tasks, out_dir=out,
+                                 parallel=3, gateway_config=GatewayConfig(), backend=config)
+        assert [row.status for row in results.tasks] == ["resolved"] * 3, [row.error for row in results.tasks]
+        for trajectory in _trajectories(out):
+            check_fidelity(trajectory)
+        assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
+    finally:
+        try:
+            client.CoreV1Api(api).delete_namespace(namespace)
+        finally:
+            api.close()
