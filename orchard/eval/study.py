@@ -105,6 +105,7 @@ async def run_study(*, harnesses: list[str], models: list[str], suite: str | Pat
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InvalidRequest(f"--out {out} is a file; give a directory (it is created if missing)")
+    harnesses, models = list(dict.fromkeys(harnesses)), list(dict.fromkeys(models))
     study = plan_study(out, harnesses, models, str(suite))
     write_study(out, study)
     for harness in harnesses:
