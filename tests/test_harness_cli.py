@@ -8,7 +8,7 @@ crash, a hang past the harness's timeout, a program that never calls the model a
 fails (each an error). The
 slow one runs `mini` through the `cli` harness on all of swe-mini with the oracle and compares it with the
 dedicated in-process `mini-swe-agent` adapter on the same tasks: the command is the one docs/harnesses.md
-shows (its `cli` block is checked here)."""
+shows (its `cli` block is checked here). A `k8s` test runs three rollouts of the small agent in Pods."""
 
 from __future__ import annotations
 
@@ -242,3 +242,50 @@ def _tool_calls(trajectory: Trajectory) -> list[tuple[str, dict]]:
 def _observations(trajectory: Trajectory) -> list[list[str]]:
     return [[result.content for result in (step.observation.results if step.observation else [])]
             for step in trajectory.steps if step.source == "agent"]
+
+
+
+@pytest.mark.k8s
+async def test_on_kubernetes_three_rollouts_rebuilt_from_the_gateway(tmp_path, home, monkeypatch, scripted):
+    """The same harness in Pods of the dev cluster (an image without Python: the bundle brings its own),
+    the bundle copied from its injector image, the run's gateway at the node's address. (swe-mini's tasks
+    run on this machine's root, which Pods do not have.)"""
+    import secrets
+
+    from kubernetes import client
+
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.k8s_config import KubernetesConfig
+    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
+    from orchard.sandbox.harness_bundles.store import read_built
+    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
+
+    kubeconfig = require_cluster()
+    import_harness_image(CLUSTER_SCRIPT, read_built(home / "cache", get_bundle_spec(TINY)))
+    namespace = f"orchard-test-{secrets.token_hex(3)}"
+    config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
+                              agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
+                              bundle_cache_dir=home / "cache", pod_pids_limit=POD_PIDS_LIMIT)
+    monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
+    scripted.load(SCRIPT, loop=True)  # one rollout at a time, so each gets the script from its start
+    tasks = [Task(id=f"chat-{n}", instruction="chat", grader=ScriptGrader(script="grep -qx hello hello.txt"),
+                  environment=TaskEnvironment(image="localhost/orchard-base:local", workdir="/workspace"))
+             for n in range(3)]
+    api = load_api_client(kubeconfig)
+    try:
+        out = tmp_path / "k8s"
+        results = await run_eval(harness="cli", model=SCRIPTED, suite=TaskSuite(name="k8s-cli", tasks=tasks),
+                                 out_dir=out, parallel=1, gateway_config=scripted_config(scripted),
+                                 harness_options=OPTIONS, backend=config)
+        assert [row.status for row in results.tasks] == ["resolved"] * 3, [row.error for row in results.tasks]
+        for trajectory in _trajectories(out).values():
+            assert [step.source for step in trajectory.steps] == ["system", "user", "agent", "agent"]
+            assert trajectory.steps[2].observation.results[0].content == "hello\n"
+            validate_atif(to_atif(trajectory))
+        assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
+    finally:
+        try:
+            client.CoreV1Api(api).delete_namespace(namespace)
+        finally:
+            api.close()
