@@ -144,6 +144,7 @@ async def test_steps_rebuilt_from_the_gateway_and_every_failure_an_error(tmp_pat
     (result,) = agent_steps[0].observation.results
     sent = chat.llm_calls[1].request_messages[-1]
     assert (result.source_call_id, result.content) == (sent["tool_call_id"], sent["content"]) and sent["content"] == "hello\n"
+    assert chat.agent.tool_definitions == chat.llm_calls[0].request_params["tools"]  # what the program offered
     validate_atif(to_atif(chat))
     kept = chat.extra["native_logs"]
     assert set(kept) == {"/tmp/orchard-cli/stdout.log", "/tmp/orchard-cli/stderr.log"}
@@ -224,6 +225,7 @@ async def test_mini_cli_with_the_oracle_resolves_swe_mini_like_its_dedicated_ada
         assert len(rebuilt.llm_calls) == len(own.llm_calls) == 3
         assert [s.source for s in rebuilt.steps] == [s.source for s in own.steps]
         assert _tool_calls(rebuilt) == _tool_calls(own)
+        assert rebuilt.agent.tool_definitions == own.agent.tool_definitions  # mini's one bash tool
         # what the gateway cannot see: the result of the last tool call (mini's submission), never sent back
         assert _observations(rebuilt) == _observations(own)[:-1] + [[]]
         # the same conversation reached the model (its prompts, the instruction, every observation)

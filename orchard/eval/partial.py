@@ -52,6 +52,16 @@ def trajectory_from_calls(calls: list[LLMCall], agent: Agent) -> Trajectory:
     return trajectory
 
 
+def offered_tools(calls: list[LLMCall]) -> list[dict[str, Any]]:
+    """The tools the first recorded request offered (OpenAI tool schemas), what `agent.tool_definitions`
+    holds for a harness known only by its calls."""
+    for call in calls:
+        tools = (call.request_params or {}).get("tools")
+        if isinstance(tools, list):
+            return [tool for tool in tools if isinstance(tool, dict)]
+    return []
+
+
 def _agent_step(step_id: int, call: LLMCall) -> Step:
     message = ((call.response or {}).get("choices") or [{}])[0].get("message") or {}
     tool_calls = [ToolCall.from_openai(raw, default_id=f"call-{step_id}-{index}")

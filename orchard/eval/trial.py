@@ -51,7 +51,7 @@ from orchard.eval.grading import grade_script, grade_swe_patch
 from orchard.eval.in_sandbox import inside_model, sandbox_overrides
 from orchard.eval.native_logs import keep_native_logs
 from orchard.eval.local_gateway import LocalGateway
-from orchard.eval.partial import trajectory_from_calls
+from orchard.eval.partial import offered_tools, trajectory_from_calls
 from orchard.eval.patch import extract_patch, snapshot_base
 from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.step_links import link_steps_to_calls
@@ -179,6 +179,7 @@ class Trial:
             if getattr(self.rig.harness, "steps_from_gateway", False):
                 calls = self.rig.gateway.gateway.calls(self.key)
                 trajectory.steps = trajectory_from_calls(calls, self._agent_record()).steps
+                trajectory.agent.tool_definitions = trajectory.agent.tool_definitions or offered_tools(calls)
                 _blame_a_failed_model_call(trajectory, calls)
         except TimeoutError as exc:
             if not cutoff.expired():  # the harness's own timeout escaped it: a crash like any other

@@ -58,7 +58,7 @@ class CliHarness:
         a limit of its own, below the evaluator's deadline."""
         if not command or not str(command).strip():
             raise InvalidRequest("the cli harness needs the command to run: --harness-option command='...' "
-                                 "(e.g. '{entry} -t \"$(cat {instruction_file})\"'; see docs/harnesses.md)")
+                                 "(e.g. '{entry} --task {instruction}'; see docs/harnesses.md)")
         if not bundle:
             raise InvalidRequest("the cli harness needs a harness bundle to run from: --harness-option bundle=NAME "
                                  "(`orchard harness bundles` lists them); only a harness running from a bundle gets "
