@@ -215,13 +215,16 @@ def test_a_truncated_wire_log_is_read_as_far_as_it_goes(tmp_path):
 
 
 @pytest.mark.k8s
-async def test_on_kubernetes_the_oracle_resolves_three_tasks(home, tmp_path, monkeypatch):
-    """The same harness in Pods of the dev cluster: the bundle copied from its injector image, the run's gateway
-    at the node's address."""
+async def test_on_kubernetes_three_tasks_in_pods(home, tmp_path, monkeypatch, scripted):
+    """The same harness in Pods of the dev cluster, on a busybox image with no Python (Kimi's Shell falls back to
+    its /bin/sh): the bundle copied from its injector image, the run's gateway at the node's address, one
+    rollout at a time so each gets the script from its start."""
     import secrets
 
     from kubernetes import client
 
+    from orchard.core.task import ScriptGrader, Task, TaskEnvironment
+    from orchard.core.task_suite import TaskSuite
     from orchard.sandbox.backends.k8s_client import load_api_client
     from orchard.sandbox.backends.k8s_config import KubernetesConfig
     from orchard.sandbox.backends.k8s_images import import_injector_image
@@ -236,14 +239,20 @@ async def test_on_kubernetes_the_oracle_resolves_three_tasks(home, tmp_path, mon
                               agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
                               bundle_cache_dir=home / "cache", pod_pids_limit=POD_PIDS_LIMIT)
     monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
-    tasks = ["orchard__pagekit-112", "orchard__memocache-76", "orchard__envfile-47"]
+    scripted.load([{"content": "Write it.", "tool_calls": [{"name": "Shell", "arguments": {
+        "command": "echo hello > hello.txt"}}]}, {"content": "Done."}], loop=True)
+    tasks = [Task(id=f"hello-{n}", instruction="Write hello into hello.txt.",
+                  grader=ScriptGrader(script="grep -qx hello hello.txt"),
+                  environment=TaskEnvironment(image="localhost/orchard-base:local", workdir="/workspace"))
+             for n in range(3)]
     api = load_api_client(kubeconfig)
     try:
         out = tmp_path / "k8s"
-        results = await run_eval(harness="kimi-cli", model="oracle", suite="swe-mini", task_ids=tasks, out_dir=out,
-                                 parallel=3, gateway_config=GatewayConfig(), backend=config)
+        results = await run_eval(harness="kimi-cli", model=SCRIPTED, suite=TaskSuite(name="k8s-kimi", tasks=tasks),
+                                 out_dir=out, parallel=1, gateway_config=scripted_config(scripted), backend=config)
         assert [row.status for row in results.tasks] == ["resolved"] * 3, [row.error for row in results.tasks]
         for trajectory in _trajectories(out):
+            assert [s.message for s in trajectory.steps if s.source == "agent"] == ["Write it.", "Done."]
             check_fidelity(trajectory)
         assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
     finally:
