@@ -19,6 +19,7 @@ from orchard.core.jsonl import read_jsonl
 from orchard.core.trajectory import Agent, Trajectory
 from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
+from orchard.eval.suites import load_suite
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.harnesses.kimi_cli.convert import KimiLog, parse_jsonl, trajectory_from_log
 from orchard.sandbox.harness_bundles.build import ensure_bundle
@@ -105,6 +106,8 @@ async def test_a_subagent_and_a_compaction_from_the_scripted_model(home, tmp_pat
     (plain,) = _trajectories(out)
     assert plain.exit_status == "submitted" and plain.outcome.error is None
     assert [s.source for s in plain.steps] == ["system", "user", "user", "agent"]  # prompt, task, afk note, reply
+    task = next(task for task in load_suite("swe-mini").tasks if task.id == TASK)
+    assert plain.steps[1].message == task.instruction.strip()  # given on stdin, whole
     check_fidelity(plain)
     first_prompt = plain.llm_calls[0].prompt_tokens
     # Kimi compacts before a step once its context + 50k reserved tokens reach max_context_size: not before the

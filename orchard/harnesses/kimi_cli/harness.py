@@ -39,7 +39,7 @@ class KimiCliHarness:
         await sandbox.exec(["mkdir", "-p", launch.SHARE_DIR], timeout=30)
         await sandbox.write_file(launch.CONFIG_FILE, launch.config_toml(
             model, max_context_size=self.max_context_size, max_steps=self.step_limit).encode(), mode=0o600)
-        result = await sandbox.exec(launch.command(spec, task.instruction, workdir), cwd=workdir,
+        result = await sandbox.exec(launch.command(spec, workdir), cwd=workdir, stdin=task.instruction,
                                     env=launch.environment(spec, workdir), timeout=self._timeout(model))
         session = await KimiSession.read(sandbox, launch.SHARE_DIR)
         trajectory = trajectory_from_session(session, agent=Agent(name=self.name, version=self.version,

@@ -52,8 +52,9 @@ def environment(spec: HarnessBundleSpec, workdir: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200"}
 
 
-def command(spec: HarnessBundleSpec, instruction: str, workdir: str) -> list[str]:
-    """`kimi --print --output-format stream-json` on one prompt, auto-approving, in `workdir`."""
-    return ["sh", "-c", 'PATH="$ORCHARD_KIMI_BIN:$PATH" exec "$@"', "kimi", *spec.entry_argv("--print", "--output-format", "stream-json", "--yolo", "--afk",
-                           "--config-file", CONFIG_FILE, "--model", MODEL_ALIAS,
-                           "--work-dir", workdir, "--prompt", instruction)]
+def command(spec: HarnessBundleSpec, workdir: str) -> list[str]:
+    """`kimi --print --output-format stream-json`, auto-approving, in `workdir`. The prompt goes in on stdin
+    (print mode reads it there when there is no `--prompt`), so no argument length limit applies to it."""
+    kimi = spec.entry_argv("--print", "--output-format", "stream-json", "--yolo", "--afk",
+                           "--config-file", CONFIG_FILE, "--model", MODEL_ALIAS, "--work-dir", workdir)
+    return ["sh", "-c", 'PATH="$ORCHARD_KIMI_BIN:$PATH" exec "$@"', "kimi", *kimi]
