@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from orchard.core.harness import ModelConfig
 from orchard.core.harness_bundle import get_bundle_spec
-from orchard.core.sandbox import Sandbox
+from orchard.core.sandbox import ExecResult, Sandbox
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Trajectory
 from orchard.harnesses.kimi_cli import launch
@@ -40,7 +40,7 @@ class KimiCliHarness:
         await sandbox.write_file(launch.CONFIG_FILE, launch.config_toml(
             model, max_context_size=self.max_context_size, max_steps=self.step_limit).encode(), mode=0o600)
         result = await sandbox.exec(launch.command(spec, workdir), cwd=workdir, stdin=task.instruction,
-                                    env=launch.environment(spec, workdir), timeout=self._timeout(model))
+                                    env=launch.environment(spec), timeout=self._timeout(model))
         session = await KimiSession.read(sandbox, launch.SHARE_DIR)
         trajectory = trajectory_from_session(session, agent=Agent(name=self.name, version=self.version,
                                                                   model_name=model.model))
@@ -61,7 +61,7 @@ class KimiCliHarness:
         return max(1.0, min(limit, left - TIMEOUT_MARGIN_S)) if left is not None else limit
 
 
-def _failure(result, session: KimiSession, trajectory: Trajectory) -> str | None:
+def _failure(result: ExecResult, session: KimiSession, trajectory: Trajectory) -> str | None:
     """Why the run is an error rather than an attempt, with Kimi's stderr tail; None when Kimi ended its turn."""
     tail = (result.stderr or "")[-STDERR_TAIL:].strip()
     said = f"; stderr: {tail}" if tail else ""

@@ -45,7 +45,7 @@ def config_toml(model: ModelConfig, *, max_context_size: int, max_steps: int) ->
     ])
 
 
-def environment(spec: HarnessBundleSpec, workdir: str) -> dict[str, str]:
+def environment(spec: HarnessBundleSpec) -> dict[str, str]:
     """The environment Kimi runs with: its bundle's (telemetry and auto-update off), its share dir, the
     bundle's `bin/` (ripgrep, for its Grep tool), which `command` puts first on the task's own PATH."""
     return {**spec.entry_env(), "KIMI_SHARE_DIR": SHARE_DIR, "ORCHARD_KIMI_BIN": f"{spec.mount_point()}/bin",
