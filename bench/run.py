@@ -21,6 +21,7 @@ from bench import agent_rss, create_ready, docker, eval_throughput, exec_latency
 from bench import embedded_generation, harness_bundles, model_network, oci_import, parallel_harnesses
 from bench import sft_throughput
 from bench import kimi_cli
+from bench import openhands
 from bench import rl_step_time, rl_wasted_rollouts
 from bench.console_report import print_measurement
 from bench.machine import collect_machine_info, load_average_1m
@@ -33,7 +34,8 @@ MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
     many_sandboxes.MEASUREMENT, agent_rss.MEASUREMENT, eval_throughput.MEASUREMENT, k8s.MEASUREMENT,
     docker.MEASUREMENT, model_network.MEASUREMENT, harness_bundles.MEASUREMENT, oci_import.MEASUREMENT,
     embedded_generation.MEASUREMENT, rl_wasted_rollouts.MEASUREMENT, rl_step_time.MEASUREMENT,
-    sft_throughput.MEASUREMENT, parallel_harnesses.MEASUREMENT, kimi_cli.MEASUREMENT)}
+    sft_throughput.MEASUREMENT, parallel_harnesses.MEASUREMENT, kimi_cli.MEASUREMENT,
+    openhands.MEASUREMENT)}
 
 _BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_JSON = _BENCH_DIR / "results" / "latest.json"

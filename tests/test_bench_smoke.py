@@ -147,4 +147,5 @@ def test_cli_refuses_an_unknown_measurement_name():
     assert set(MEASUREMENTS) == {"exec_latency", "create_ready", "transfer", "many_sandboxes", "agent_rss",
                                  "eval_throughput", "k8s", "docker", "embedded_generation", "rl_wasted_rollouts",
                                  "rl_step_time", "sft_throughput", "model_network",
-                                 "oci_import", "harness_bundles", "parallel_harnesses", "kimi_cli"}
+                                 "oci_import", "harness_bundles", "parallel_harnesses", "kimi_cli",
+                                 "openhands"}

@@ -5,10 +5,12 @@ its own copy."""
 
 from orchard.core.harness_bundle import HarnessBundleSpec
 
+SDK_VERSION = "1.58.2"
+
 SPEC = HarnessBundleSpec(
     name="openhands",
     python="3.13",
-    requirements=["openhands-sdk==1.58.2", "openhands-tools==1.58.2"],
+    requirements=[f"openhands-sdk=={SDK_VERSION}", f"openhands-tools=={SDK_VERSION}"],
     entry=["python"],
     env={"OPENHANDS_SUPPRESS_BANNER": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
 )

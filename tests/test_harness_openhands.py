@@ -1,0 +1,228 @@
+"""The `openhands` harness with the real OpenHands SDK 1.58.2 from its harness bundle (built once per session,
+the downloads shared) in real embedded sandboxes, through the real evaluator and its gateway: driven by the
+oracle (the swe-mini suite, 14 tasks at once, through OpenHands' own `terminal` and `finish`) and by the
+scripted model server (parallel tool calls and `file_editor`; a driver hanging past its timeout, one killed
+mid-run, a crash, failed model calls). Each trajectory is checked against the gateway's records (no step
+invented) and exported to ATIF."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from orchard.core.atif import to_atif
+from orchard.core.harness_bundle import get_bundle_spec
+from orchard.core.jsonl import read_jsonl
+from orchard.core.trajectory import Trajectory
+from orchard.eval.results import TRAJECTORIES_FILE
+from orchard.eval.runner import run_eval
+from orchard.gateway.config import GatewayConfig, ModelRoute
+from orchard.sandbox.harness_bundles.build import ensure_bundle
+from tests.atif_spec import validate_atif
+from tests.harness_bundle_rig import shared_downloads
+from tests.harness_rig import SCRIPTED, scripted_config
+
+pytestmark = pytest.mark.slow
+TASK = "orchard__pagekit-112"
+OPENHANDS_TOOLS = {"terminal", "file_editor", "task_tracker", "finish", "think"}
+
+
+@pytest.fixture(scope="session")
+def openhands_home(tmp_path_factory) -> Path:
+    """An Orchard home whose cache holds the openhands bundle, built once (minutes: pip backtracks; the
+    downloads are kept between sessions)."""
+    home = tmp_path_factory.mktemp("openhands-home")
+    ensure_bundle(get_bundle_spec("openhands"), home / "cache", downloads=shared_downloads())
+    return home
+
+
+@pytest.fixture
+def home(openhands_home, monkeypatch) -> Path:
+    monkeypatch.setenv("ORCHARD_HOME", str(openhands_home))
+    return openhands_home
+
+
+def _trajectories(out: Path) -> list[Trajectory]:
+    return list(read_jsonl(out / TRAJECTORIES_FILE, allow_interrupted_tail=False))
+
+
+def check_fidelity(trajectory: Trajectory) -> None:
+    """Every agent step is one gateway call's reply, found by the response id OpenHands logged and linked to
+    that call: same text, same tool calls as the model wrote them, the call's tokens; every tool call has its
+    result; the whole exports to valid ATIF."""
+    by_response = {call.response["id"]: call for call in trajectory.llm_calls if call.response}
+    agent_steps = [step for step in trajectory.steps if step.source == "agent"]
+    assert len(agent_steps) == len(trajectory.llm_calls)  # no step invented, none missing
+    for step in agent_steps:
+        call = by_response[step.extra["response_id"]]
+        assert step.llm_call_ids == [call.id]
+        message = call.response["choices"][0]["message"]
+        assert step.message == (message.get("content") or "")
+        assert [(c.tool_call_id, c.function_name, c.raw_arguments) for c in step.tool_calls] == [
+            (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+        if step.metrics is not None:  # the usage the SDK read from the response (the oracle reports none)
+            assert step.metrics.prompt_tokens == call.prompt_tokens
+        for tool_call in step.tool_calls:
+            assert tool_call.tool_call_id in [r.source_call_id for r in step.observation.results]
+    assert {tool["function"]["name"] for tool in trajectory.agent.tool_definitions} == OPENHANDS_TOOLS
+    validate_atif(to_atif(trajectory))
+
+
+async def test_the_oracle_resolves_swe_mini_through_openhands_own_tools(home, tmp_path):
+    out = tmp_path / "oracle"
+    results = await run_eval(harness="openhands", model="oracle", suite="swe-mini", out_dir=out, parallel=8,
+                             gateway_config=GatewayConfig(), backend="local")
+    assert [row.status for row in results.tasks] == ["resolved"] * 14, [row.error for row in results.tasks]
+    for trajectory in _trajectories(out):
+        assert trajectory.exit_status == "submitted" and not trajectory.partial
+        assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["terminal", "terminal", "finish"]
+        assert [s.source for s in trajectory.steps] == ["system", "user", "agent", "agent", "agent"]
+        check_fidelity(trajectory)
+        patch = trajectory.outcome.details["patch"]  # only the fix: no shell history, no SDK state
+        assert [line for line in patch.splitlines() if line.startswith("diff --git")] == [
+            line for line in patch.splitlines() if line.startswith("diff --git") and ".openhands" not in line
+            and "_history" not in line and ".lesshst" not in line]
+        kept = trajectory.extra["native_logs"]
+        events = next(out / path for path in kept.values() if path.endswith("events"))
+        assert len(list(events.glob("event-*.json"))) == 8  # system prompt, task, 3 × (action, observation)
+
+
+# The agent's shell kills the driver (found by its command line) with SIGKILL: a harness killed mid-run.
+KILL_DRIVER = ("for p in /proc/[0-9]*; do grep -q orchard-openhands/driver.py $p/cmdline 2>/dev/null && "
+               "kill -9 ${p#/proc/}; done; sleep 5")
+FIX = {"command": "str_replace", "path": "/testbed/pagekit/paginator.py",
+       "old_str": "        return self.total // self.per_page",
+       "new_str": "        return -(-self.total // self.per_page)"}
+
+
+async def test_the_scripted_model_fixes_a_task_with_parallel_calls_and_the_file_editor(home, tmp_path, scripted):
+    """Two tool calls in one reply (one step, both results), the file editor's edit (the task resolved), a
+    reasoning text, then finish: each step equal to its gateway record."""
+    scripted.load([
+        {"content": "Look around.", "tool_calls": [
+            {"id": "call_ls", "name": "terminal", "arguments": {"command": "ls pagekit"}},
+            {"id": "call_view", "name": "file_editor",
+             "arguments": {"command": "view", "path": "/testbed/pagekit/paginator.py"}}]},
+        {"content": "Round up.", "reasoning_content": "Integer division drops the last page.",
+         "tool_calls": [{"id": "call_fix", "name": "file_editor", "arguments": FIX}]},
+        {"content": "", "tool_calls": [{"id": "call_done", "name": "finish", "arguments": {"message": "Fixed."}}]}])
+    out = tmp_path / "scripted"
+    route = scripted_config(scripted).models[SCRIPTED]  # the gateway asks the server for token ids and logprobs
+    tokens = GatewayConfig(models={SCRIPTED: route.model_copy(update={"params": {
+        "logprobs": True, "extra_body": {"return_token_ids": True}}})})
+    results = await run_eval(harness="openhands", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=tokens, backend="local")
+    (trajectory,) = _trajectories(out)
+    assert (results.tasks[0].status, trajectory.exit_status) == ("resolved", "submitted"), results.tasks[0].error
+    check_fidelity(trajectory)
+    agent = [step for step in trajectory.steps if step.source == "agent"]
+    assert [[c.tool_call_id for c in step.tool_calls] for step in agent] == [
+        ["call_ls", "call_view"], ["call_fix"], ["call_done"]]
+    first = {r.source_call_id: r.content for r in agent[0].observation.results}
+    assert "paginator.py" in first["call_ls"] and "class Page" in first["call_view"]
+    assert agent[1].reasoning_content == "Integer division drops the last page."
+    assert all(step.metrics.completion_tokens for step in agent)  # checked against the gateway's above
+    # the tokens the policy produced, recorded at the gateway, reached from each step through its call
+    assert all(call.completion_token_ids and call.logprobs for call in trajectory.llm_calls)
+
+
+async def test_failures_are_errors_with_the_drivers_stderr(home, tmp_path, scripted):
+    """Hanging past its time (killed with its process group, the steps so far kept), killed mid-run, a
+    crash before the conversation starts, model calls that fail: each an error, not a failed attempt."""
+    scripted.load([{"content": "Wait.", "tool_calls": [
+        {"id": "call_sleep", "name": "terminal", "arguments": {"command": "sleep 600", "timeout": 600}}]}],
+        loop=True)
+    out = tmp_path / "hang"
+    started = time.monotonic()
+    results = await run_eval(harness="openhands", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=scripted_config(scripted), backend="local", task_timeout_s=45)
+    assert time.monotonic() - started < 300
+    (row,) = results.tasks
+    (hung,) = _trajectories(out)
+    assert row.status == "error" and hung.exit_status == "timeout" and hung.partial, (row, hung.outcome)
+    assert "its process group was killed" in hung.outcome.error
+    assert [c.function_name for s in hung.steps for c in s.tool_calls] == ["terminal"]  # read from its events
+
+    scripted.load([{"content": "Stop.", "tool_calls": [
+        {"id": "call_kill", "name": "terminal", "arguments": {"command": KILL_DRIVER}}]}], loop=True)
+    out = tmp_path / "killed"
+    results = await run_eval(harness="openhands", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=scripted_config(scripted), backend="local")
+    (row,) = results.tasks
+    (killed,) = _trajectories(out)
+    assert row.status == "error" and killed.exit_status == "agent_error" and killed.partial, row.error
+    assert "the OpenHands driver exited with code 137" in row.error
+    assert [c.function_name for s in killed.steps for c in s.tool_calls] == ["terminal"]
+
+    out = tmp_path / "crash"
+    results = await run_eval(harness="openhands", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=scripted_config(scripted), backend="local",
+                             harness_options={"reasoning_effort": {"not": "a string"}})  # the SDK's LLM refuses it
+    (row,) = results.tasks
+    assert row.status == "error" and "exited with code 1" in row.error and "ValidationError" in row.error, row.error
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    down = GatewayConfig(models={"down": ModelRoute(model="openai/down", api_base=f"http://127.0.0.1:{dead}/v1",
+                                                    api_key="unused")})
+    out = tmp_path / "down"
+    results = await run_eval(harness="openhands", model="down", suite="swe-mini", task_ids=[TASK], out_dir=out,
+                             gateway_config=down, backend="local", harness_options={"model_retries": 0})
+    (row,) = results.tasks
+    (failed,) = _trajectories(out)
+    assert row.status == "error" and failed.exit_status == "model_error", row.error
+    assert "the OpenHands conversation failed" in failed.outcome.error
+
+
+@pytest.mark.k8s
+async def test_on_kubernetes_three_tasks_in_pods(home, tmp_path, monkeypatch, scripted):
+    """The same harness in Pods of the dev cluster, on its Debian image (swe-mini's tasks need the host image):
+    the bundle copied from its injector image, the run's gateway at the node's address, one rollout at a time
+    so each gets the script from its start."""
+    import secrets
+
+    from kubernetes import client
+
+    from orchard.core.task import ScriptGrader, Task, TaskEnvironment
+    from orchard.core.task_suite import TaskSuite
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.k8s_config import KubernetesConfig
+    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
+    from orchard.sandbox.harness_bundles.store import read_built
+    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
+
+    kubeconfig = require_cluster()
+    import_harness_image(CLUSTER_SCRIPT, read_built(home / "cache", get_bundle_spec("openhands")))
+    namespace = f"orchard-test-{secrets.token_hex(3)}"
+    config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
+                              agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
+                              bundle_cache_dir=home / "cache", pod_pids_limit=POD_PIDS_LIMIT)
+    monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
+    scripted.load([{"content": "Write it.", "tool_calls": [{"name": "terminal", "arguments": {
+        "command": "echo hello > hello.txt"}}]},
+        {"content": "", "tool_calls": [{"name": "finish", "arguments": {"message": "Written."}}]}], loop=True)
+    tasks = [Task(id=f"hello-{n}", instruction="Write hello into hello.txt.",
+                  grader=ScriptGrader(script="grep -qx hello hello.txt"),
+                  environment=TaskEnvironment(image="localhost/orchard-debian:local", workdir="/workspace"))
+             for n in range(3)]
+    api = load_api_client(kubeconfig)
+    try:
+        out = tmp_path / "k8s"
+        results = await run_eval(harness="openhands", model=SCRIPTED, suite=TaskSuite(name="k8s-openhands",
+                                                                                      tasks=tasks),
+                                 out_dir=out, parallel=1, gateway_config=scripted_config(scripted), backend=config)
+        assert [row.status for row in results.tasks] == ["resolved"] * 3, [row.error for row in results.tasks]
+        for trajectory in _trajectories(out):
+            assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["terminal", "finish"]
+            check_fidelity(trajectory)
+        assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
+    finally:
+        try:
+            client.CoreV1Api(api).delete_namespace(namespace)
+        finally:
+            api.close()
