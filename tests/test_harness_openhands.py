@@ -8,6 +8,7 @@ invented) and exported to ATIF."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -197,6 +198,9 @@ async def test_on_kubernetes_three_tasks_in_pods(home, tmp_path, monkeypatch, sc
     from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
 
     kubeconfig = require_cluster()
+    # OpenHands' terminal needs bash, which the busybox base image lacks: the dev cluster's Debian image
+    # (debootstrap the first time, ~70 s, then cached: an import of a second or two)
+    subprocess.run(["bash", str(CLUSTER_SCRIPT), "images", "--debian"], check=True, capture_output=True)
     import_harness_image(CLUSTER_SCRIPT, read_built(home / "cache", get_bundle_spec("openhands")))
     namespace = f"orchard-test-{secrets.token_hex(3)}"
     config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
