@@ -14,45 +14,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import tempfile
-import time
-from datetime import datetime
-from pathlib import Path
-
+from bench.in_sandbox_harness import command_stats, overhead_rows, rollout_stats
 from bench.measurement import BenchContext, Measurement
 from bench.results_model import Findings, Row, Target, ratio
-from bench.stats import LatencyStats
 from orchard.core.harness_bundle import get_bundle_spec
-from orchard.core.jsonl import read_jsonl
-from orchard.core.sandbox import SandboxSpec
-from orchard.eval.models import eval_gateway_config
-from orchard.eval.results import TRAJECTORIES_FILE
-from orchard.eval.runner import run_eval
-from orchard.sandbox.client import AsyncOrchard
 
-TASK = "orchard__pagekit-112"
 START_RATIO = 1.5
-HARNESSES = ("kimi-cli", "react")
-
-
-def _seconds(iso: str | None) -> float | None:
-    return datetime.fromisoformat(iso).timestamp() if iso else None
-
-
-async def _rollout(harness: str) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="orchard-bench-kimi-") as out:
-        results = await run_eval(harness=harness, model="oracle", suite="swe-mini", task_ids=[TASK], out_dir=out,
-                                 gateway_config=eval_gateway_config("oracle"), parallel=1, backend="local")
-        (row,) = results.tasks
-        if row.status != "resolved":
-            raise RuntimeError(f"{harness} + oracle on {TASK}: {row.status} ({row.error})")
-        (trajectory,) = read_jsonl(Path(out) / TRAJECTORIES_FILE, allow_interrupted_tail=False)
-    agent = next(phase for phase in trajectory.phases if phase.name == "agent")
-    first_call = min(_seconds(call.started_at) for call in trajectory.llm_calls)
-    return {"wall": row.wall_time_s, "agent": agent.duration_s, "first_call": first_call - _seconds(agent.started_at)}
-
-
 KIMI_MODULES = ("kimi_cli.cli", "kimi_cli.app", "kimi_cli.ui.print", "kimi_cli.soul.kimisoul",
                 "kosong.contrib.chat_provider.openai_legacy",  # and the default agent's tools (its agent.yaml):
                 *(f"kimi_cli.tools.{name}" for name in ("agent", "ask_user", "todo", "shell", "background", "file",
@@ -60,54 +27,19 @@ KIMI_MODULES = ("kimi_cli.cli", "kimi_cli.app", "kimi_cli.ui.print", "kimi_cli.s
 FLOOR = "python -c 'import <what a print run loads>'"
 
 
-async def _start_times(count: int, warmup: int) -> dict[str, list[float]]:
+def run(ctx: BenchContext) -> Findings:
+    stats = rollout_stats(ctx, "kimi-cli")  # the first rollout of each builds caches (bundle, agent bundle)
     spec = get_bundle_spec("kimi-cli")
     python = f"{spec.mount_point()}/venv/bin/python"
-    commands = {FLOOR: [python, "-c", "import " + ", ".join(KIMI_MODULES)],
-                "kimi --version": spec.entry_argv("--version"),
-                "python -c 'import kimi_cli'": [python, "-c", "import kimi_cli"]}
-    times: dict[str, list[float]] = {name: [] for name in commands}
-    async with AsyncOrchard() as orchard:
-        sandbox = await orchard.create(SandboxSpec(image="host", bundles=["kimi-cli"]))
-        try:
-            for index in range(warmup + count):
-                for name, argv in commands.items():
-                    started = time.perf_counter()
-                    result = await sandbox.exec(argv, env=spec.entry_env(), timeout=120)
-                    elapsed = time.perf_counter() - started
-                    if result.exit_code != 0:
-                        raise RuntimeError(f"{name} failed in the sandbox: {result.stderr[-500:]}")
-                    if index >= warmup:
-                        times[name].append(elapsed)
-        finally:
-            await sandbox.close()
-    return times
-
-
-def run(ctx: BenchContext) -> Findings:
-    rollouts, warmup = ctx.pick(5, 2), 1
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in HARNESSES}
-    for index in range(warmup + rollouts):  # the first of each builds caches (bundle, agent bundle, suite)
-        for harness in HARNESSES:
-            measured = asyncio.run(_rollout(harness))
-            if index >= warmup:
-                samples[harness].append(measured)
-    starts = asyncio.run(_start_times(ctx.pick(10, 3), 1))
-    stats = {name: LatencyStats.from_seconds(values) for name, values in starts.items()}
-    for harness in HARNESSES:
-        for key in ("wall", "agent", "first_call"):
-            stats[f"{harness} {key}"] = LatencyStats.from_seconds([s[key] for s in samples[harness]])
+    stats.update(command_stats(ctx, "kimi-cli", {FLOOR: [python, "-c", "import " + ", ".join(KIMI_MODULES)],
+                                                 "kimi --version": spec.entry_argv("--version"),
+                                                 "python -c 'import kimi_cli'": [python, "-c", "import kimi_cli"]},
+                               timeout=120))
 
     def p50(name: str) -> float:
         return stats[name].p50_ms
 
-    rows = []
-    for key, what in (("wall", "rollout wall time p50"), ("agent", "agent phase p50"),
-                      ("first_call", "agent start → first model call p50")):
-        kimi, react = p50(f"kimi-cli {key}"), p50(f"react {key}")
-        rows.append(Row(metric=f"{what}, kimi-cli", unit="ms", ours=kimi, peers={"react (in-process)": react},
-                        ratios={"kimi-cli/react": ratio(kimi, react)}))
-        rows.append(Row(metric=f"{what}: kimi-cli overhead over react", unit="ms", ours=round(kimi - react, 1)))
+    rows = overhead_rows(stats, "kimi-cli")
     start, floor = p50("kimi-cli first_call"), p50(FLOOR)
     rows.append(Row(metric="kimi-cli start: agent start → first model call p50", unit="ms", ours=start,
                     peers={"floor: " + FLOOR: floor}, ratios={"start/floor": ratio(start, floor)},
