@@ -19,7 +19,7 @@ from typing import ClassVar, Literal, Mapping, Protocol, TypeVar, runtime_checka
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.core.errors import InvalidRequest
-from orchard.core.sandbox import NetworkMode, SandboxSpec
+from orchard.core.sandbox import NetworkMode, SandboxSpec, StartupTimings
 
 ENTRY_POINT_GROUP = "orchard.backends"
 
@@ -115,6 +115,9 @@ class BackendSandbox(BaseModel):
     id: str
     agent_url: str
     handle: dict = Field(default_factory=dict)
+    timings: StartupTimings | None = Field(
+        default=None, description="what `create` measured of its own stages (backend_create_ms, agent_start_ms, "
+                                  "first_health_ms; total_ms its whole create); the orchestrator adds the rest")
 
 
 @runtime_checkable

@@ -100,11 +100,27 @@ class BudgetExceeded(OrchardError):
     status = 429
 
 
+class CapacityExceeded(OrchardError):
+    """A create found the orchestrator at one of its caps (live sandboxes, per owner, create rate) and no place
+    freed up within its wait. Nothing was created; delete sandboxes or retry later."""
+
+    code = "capacity_exceeded"
+    status = 429
+
+
+class IdempotencyConflict(OrchardError):
+    """A create reused an idempotency key that an earlier create used with a different spec. Nothing was
+    created; use a new key for a new sandbox."""
+
+    code = "idempotency_conflict"
+    status = 409
+
+
 ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
     cls.code: cls
     for cls in (OrchardError, InvalidRequest, AuthError, NotFound, SandboxNotFound, PayloadTooLarge,
                 ExecTimeout, SandboxLost, BackendError, PluginError, ModelError, ModelUnreachable,
-                ModelRateLimited, BudgetExceeded)
+                ModelRateLimited, BudgetExceeded, CapacityExceeded, IdempotencyConflict)
 }
 
 

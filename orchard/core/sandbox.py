@@ -215,6 +215,34 @@ class SessionResult(BaseModel):
 
 SandboxState = Literal["creating", "ready", "deleting", "deleted", "lost"]
 
+STARTUP_STAGES = ("admission_wait_ms", "pool_claim_ms", "backend_create_ms", "agent_start_ms", "first_health_ms")
+
+
+class StartupTimings(BaseModel):
+    """Where a sandbox's start went, in milliseconds, stage by stage. A stage the sandbox did not go through,
+    or that its backend cannot tell apart, is None; the stages never overlap, so their sum is at most
+    `total_ms` (the rest is the orchestrator's own work: records, tokens, the spec's checks)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+    admission_wait_ms: float | None = Field(
+        default=None, ge=0, description="waiting for a free place under the orchestrator's caps or create rate")
+    pool_claim_ms: float | None = Field(
+        default=None, ge=0, description="claiming a pre-started sandbox from a warm pool (None: not pooled)")
+    backend_create_ms: float | None = Field(
+        default=None, ge=0, description="the backend making the sandbox: local, namespaces and bubblewrap "
+                                        "spawned; kubernetes, the Pod created until it runs with an IP; docker, "
+                                        "the container created and started")
+    agent_start_ms: float | None = Field(
+        default=None, ge=0, description="from the sandbox existing until its agent listens (None where the "
+                                        "backend only sees the first health answer)")
+    first_health_ms: float | None = Field(
+        default=None, ge=0, description="until the agent's first /health answered ok")
+    total_ms: float = Field(ge=0, description="the whole create as the orchestrator saw it, request to ready")
+
+    def stages_ms(self) -> float:
+        """The stages' sum (those known)."""
+        return sum(getattr(self, name) or 0.0 for name in STARTUP_STAGES)
+
 
 class SandboxInfo(BaseModel):
     """What the orchestrator knows about a sandbox; `agent_url` + `token` let clients talk to it directly."""
@@ -231,6 +259,8 @@ class SandboxInfo(BaseModel):
     expires_at: float
     last_heartbeat: float
     error: str | None = None
+    startup: StartupTimings | None = Field(
+        default=None, description="where its start went, stage by stage (None until it is ready)")
 
 
 class SandboxList(BaseModel):
