@@ -342,6 +342,18 @@ async def test_delete_leaves_nothing_behind_and_is_idempotent(backend):
     await backend.delete(BackendSandbox(id="never-existed", agent_url="unix:///nowhere.sock"))
 
 
+async def test_create_reports_its_stages(backend):
+    """The backend's own stages (namespaces made, agent listening, first health) are positive and never
+    add up to more than its whole create; they do not depend on timing thresholds."""
+    async with running(backend) as (sb, agent):
+        t = sb.timings
+        assert t is not None
+        stages = (t.backend_create_ms, t.agent_start_ms, t.first_health_ms)
+        assert all(stage is not None and stage > 0 for stage in stages), t
+        assert t.stages_ms() <= t.total_ms
+        assert (await agent.exec("true")).exit_code == 0
+
+
 async def test_list_live_readopts_after_a_restart_and_reaps_dead_ones(backend, bundle_cache):
     a = await backend.create("keep1", SandboxSpec(), "tok-a")
     b = await backend.create("dies1", SandboxSpec(), "tok-b")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
-from orchard.core.sandbox import SandboxSpec
+from orchard.core.sandbox import SandboxSpec, StartupTimings
 from orchard.sandbox.backends import cgroups, local_netns
 from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
                                             bwrap_args, find_bwrap, id_map, remaps_ids, sandbox_env,
@@ -166,6 +166,7 @@ class LocalBackend:
         raise AssertionError("unreachable")
 
     async def _create_once(self, sandbox_id: str, spec: SandboxSpec, token: str) -> BackendSandbox:
+        started = time.perf_counter()
         if not SANDBOX_ID.fullmatch(sandbox_id):
             raise InvalidRequest(f"sandbox id {sandbox_id!r} is not valid: use 1-128 letters, digits, "
                                  "'_', '.' or '-', starting with a letter or digit")
@@ -245,6 +246,7 @@ class LocalBackend:
                 # bwrap reports the namespace init as soon as it exists: it is recorded with the monitor's
                 # pid while the agent starts, the long wait of a create, instead of after it.
                 info = await read_info(info_r, self.ready_timeout_s)
+                namespaces_at = time.perf_counter()
                 if info.get("child-pid"):
                     handle.init_pid = int(info["child-pid"])
                     handle.init_start = process_start_time(handle.init_pid)
@@ -258,14 +260,20 @@ class LocalBackend:
                 if local_netns.routed(spec.network) is not None and handle.init_pid:
                     network = self._start_network(sandbox_id, spec, handle, agent_url)
                 await wait_ready_line(proc, self.ready_timeout_s)
+                listening_at = time.perf_counter()
             except TimeoutError:
                 raise BackendError(f"the agent did not start within {self.ready_timeout_s:g} s") from None
             await check_health(paths.socket, HEALTH_TIMEOUT_S)
+            healthy_at = time.perf_counter()
             if network is not None:
                 await asyncio.wrap_future(network)
             if remap and handle.init_pid:
                 protect_workload_init(handle.init_pid)
-            return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=handle.model_dump())
+            timings = StartupTimings(backend_create_ms=(namespaces_at - started) * 1000,
+                                     agent_start_ms=(listening_at - namespaces_at) * 1000,
+                                     first_health_ms=(healthy_at - listening_at) * 1000,
+                                     total_ms=(time.perf_counter() - started) * 1000)
+            return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=handle.model_dump(), timings=timings)
         except BaseException as e:
             if listener is not None:
                 listener.close()
