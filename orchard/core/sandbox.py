@@ -244,6 +244,19 @@ class StartupTimings(BaseModel):
         return sum(getattr(self, name) or 0.0 for name in STARTUP_STAGES)
 
 
+class SandboxPoolInfo(BaseModel):
+    """How a sandbox relates to a warm pool (`SandboxInfo.pool`). `idle`: a pre-started member waiting to be
+    claimed (never listed to users); `claimed`: handed out from the pool, with a fresh token and the
+    caller's env and labels; neither: made by a normal create because the pool could not serve it,
+    `fallback_reason` says why."""
+
+    name: str = Field(description="the pool")
+    template: str = Field(description="the template key of the spec (orchard/core/pool.py: template_key)")
+    idle: bool = False
+    claimed: bool = False
+    fallback_reason: str | None = None
+
+
 class SandboxInfo(BaseModel):
     """What the orchestrator knows about a sandbox; `agent_url` + `token` let clients talk to it directly."""
 
@@ -261,6 +274,9 @@ class SandboxInfo(BaseModel):
     error: str | None = None
     startup: StartupTimings | None = Field(
         default=None, description="where its start went, stage by stage (None until it is ready)")
+    pool: SandboxPoolInfo | None = Field(
+        default=None, description="its warm pool: an idle member, claimed from one, or made cold because the "
+                                  "pool could not serve it (None: no pool was involved; see docs/pools.md)")
 
 
 class SandboxList(BaseModel):

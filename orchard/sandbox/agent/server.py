@@ -13,7 +13,7 @@ import stat
 import threading
 import time
 
-from . import VERSION, execs, files, http1, pidns, sessions, stats, tars
+from . import VERSION, claim, execs, files, http1, pidns, sessions, stats, tars
 from .wire import ApiError, Request, log_error, unquote
 
 try:
@@ -46,6 +46,7 @@ def health(req) -> dict:
 EXACT_ROUTES = {
     ("GET", "/health"): health,
     ("GET", "/stats"): stats.handle_stats,
+    ("POST", "/claim"): claim.handle_claim,
     ("POST", "/exec"): execs.handle_exec,
     ("POST", "/exec/stream"): execs.handle_exec_stream,
     ("GET", "/sessions"): sessions.handle_list,
