@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 
 from orchard import __version__
@@ -23,7 +24,7 @@ from orchard.cli import sandbox as sandbox_cli
 from orchard.cli import study as study_cli
 from orchard.cli import train as train_cli
 from orchard.cli.sandbox import err, fail, out
-from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.core.errors import InvalidRequest, OrchardError, describe_validation_errors
 from orchard.sandbox.backends.registry import available_backends
 
 app = typer.Typer(name="orchard", no_args_is_help=True, pretty_exceptions_enable=False,
@@ -98,12 +99,31 @@ def serve(
     max_timeout_s: Annotated[Optional[str], typer.Option(
         envvar="ORCHARD_MAX_TIMEOUT_S", show_envvar=True,
         help="Longest timeout_s (TTL) and heartbeat_timeout_s a sandbox may ask for. Default: 7 days.")] = None,
+    max_sandboxes: Annotated[Optional[int], typer.Option(
+        envvar="ORCHARD_MAX_SANDBOXES", show_envvar=True, min=1,
+        help="Most live sandboxes (creating, ready or being deleted) at once, over every orchestrator sharing "
+             "--home. Default: no cap.")] = None,
+    max_sandboxes_per_owner: Annotated[Optional[int], typer.Option(
+        envvar="ORCHARD_MAX_SANDBOXES_PER_OWNER", show_envvar=True, min=1,
+        help="Most live sandboxes of one owner (the API key's name, or the owner a create names). Default: no cap.")
+    ] = None,
+    max_creates_per_s: Annotated[Optional[float], typer.Option(
+        envvar="ORCHARD_MAX_CREATES_PER_S", show_envvar=True, min=0.001,
+        help="Most creates a second, sustained (bursts of --create-burst). Default: no limit.")] = None,
+    create_burst: Annotated[Optional[int], typer.Option(
+        envvar="ORCHARD_CREATE_BURST", show_envvar=True, min=1,
+        help="Creates allowed at once above --max-creates-per-s. Default: one second's worth.")] = None,
+    create_wait_s: Annotated[float, typer.Option(
+        envvar="ORCHARD_CREATE_WAIT_S", show_envvar=True, min=0,
+        help="How long a create over a cap waits for a place before it is refused with 429.")] = 10.0,
 ) -> None:
     """Run the Orchard server: the REST API that creates, lists and deletes sandboxes (docs at /docs).
 
     Sandboxes outlive the server; a server restarted on the same --home takes them over again. A sandbox
     asking for more than a --max-* value is refused (400), as is one asking for a limit the backend cannot
-    enforce."""
+    enforce. Over --max-sandboxes, --max-sandboxes-per-owner or --max-creates-per-s a create waits up to
+    --create-wait-s for a place, then is refused (429)."""
+    from orchard.sandbox.server.admission import CreateCaps
     from orchard.sandbox.server.home import resolve_home
     from orchard.sandbox.server.main import serve as run_server  # heavy imports only when serving
     from orchard.sandbox.server.spec_limits import spec_limits
@@ -117,8 +137,12 @@ def serve(
         limits = spec_limits(config, resolve_home(home), {
             "cpu": max_cpu, "memory_mb": max_memory_mb, "disk_mb": max_disk_mb, "max_processes": max_processes,
             "timeout_s": max_timeout_s})
+        caps = CreateCaps(max_sandboxes=max_sandboxes, max_sandboxes_per_owner=max_sandboxes_per_owner,
+                          max_creates_per_s=max_creates_per_s, create_burst=create_burst, wait_s=create_wait_s)
     except OrchardError as exc:
         fail(str(exc), code=2)
+    except ValidationError as exc:
+        fail(f"invalid caps: {describe_validation_errors(exc, 'caps')}", code=2)
     generated = not key
     key = key or secrets.token_urlsafe(24)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -131,7 +155,7 @@ def serve(
                   "set ORCHARD_API_KEY or pass --api-key-file to choose one.[/]")
     try:
         run_server(host=host, port=port, backend=config, api_key=key, home=home, log_level=log_level,
-                   limits=limits)
+                   limits=limits, caps=caps)
     except OrchardError as exc:
         fail(str(exc))
 

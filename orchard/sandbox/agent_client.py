@@ -31,6 +31,7 @@ from orchard.core.sandbox import (
     ExecResult,
     FileInfo,
     SessionResult,
+    StartupTimings,
 )
 from orchard.sandbox import tar_stream
 
@@ -132,6 +133,7 @@ class AgentSandbox:
         self.id = sandbox_id
         self.agent_url = agent_url
         self.workdir = workdir
+        self.startup: StartupTimings | None = None  # where its start went, as the orchestrator reported it
         self._on_close = on_close
         self._closed = False
         transport, base_url = _transport_for(agent_url)

@@ -49,20 +49,24 @@ class AsyncOrchard:
     """Client of one orchestrator. `url` None (and no ORCHARD_URL) runs it in-process, state under `home`
     ($ORCHARD_HOME, default ~/.orchard), on `backend` (a `BackendConfig` or a backend's name, default
     the local backend); otherwise talks to the server at `url` with `api_key` (default ORCHARD_API_KEY),
-    whose backend is the server's choice. Use as `async with`, or call `close()`."""
+    whose backend is the server's choice. `caps` (a `CreateCaps` or its fields as a dict): the in-process
+    orchestrator's hard caps on live sandboxes and create rate. Use as `async with`, or call `close()`."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  home: str | Path | None = None, timeout: float = 300.0,
-                 backend: BackendConfig | str | None = None, _guard_exit: bool = True) -> None:
+                 backend: BackendConfig | str | None = None, caps: Any = None, _guard_exit: bool = True) -> None:
         self.url = url or os.environ.get("ORCHARD_URL") or None
         if self.url:
             if backend is not None:
                 raise InvalidRequest("backend= chooses where an in-process orchestrator runs sandboxes; a server "
                                      f"at {self.url} uses its own (`orchard serve --backend`): drop one of them")
+            if caps is not None:
+                raise InvalidRequest("caps= sets an in-process orchestrator's caps; a server at "
+                                     f"{self.url} has its own (`orchard serve --max-sandboxes ...`): drop caps=")
             key = api_key or os.environ.get("ORCHARD_API_KEY") or None
             self._control: ControlPlane = RemoteControlPlane(self.url, key, timeout=timeout)
         else:
-            self._control = EmbeddedControlPlane(home, backend)
+            self._control = EmbeddedControlPlane(home, backend, caps=caps)
         self._created: dict[str, AgentSandbox] = {}
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -80,15 +84,17 @@ class AsyncOrchard:
         return f"AsyncOrchard({self._control.description}, {len(self._created)} sandboxes open)"
 
     async def create(self, spec: SandboxSpec | None = None, *, detach: bool = False,
-                     **spec_fields: Any) -> AgentSandbox:
+                     idempotency_key: str | None = None, **spec_fields: Any) -> AgentSandbox:
         """Create a sandbox (`spec_fields` override `spec`) and return it once ready. Its `close()`
         deletes it, and closing this client deletes it too, unless `detach`: then it lives on until its
-        `timeout_s` or a `delete()` (only with a server; embedded sandboxes die with this process)."""
+        `timeout_s` or a `delete()` (only with a server; embedded sandboxes die with this process).
+        `idempotency_key`: creating again with the same key returns the same sandbox, never a second one
+        (a different spec with it is refused); this client's own retries always reuse one key."""
         await self._ready()
         if detach and self.embedded:
             raise InvalidRequest("a detached sandbox must outlive this process, so it needs an Orchard server: "
                                  "start one with `orchard serve` and pass its URL (or set ORCHARD_URL)")
-        info = await self._control.create(_spec_from(spec, spec_fields))
+        info = await self._control.create(_spec_from(spec, spec_fields), idempotency_key=idempotency_key)
         try:
             sandbox = self._attach(info, owned=not detach)
         except BaseException:
@@ -200,8 +206,10 @@ class AsyncOrchard:
                 except NotFound:
                     pass
 
-        return AgentSandbox(info.id, info.agent_url, info.token, workdir=info.spec.workdir,
-                            on_close=delete_on_close if owned else None)
+        sandbox = AgentSandbox(info.id, info.agent_url, info.token, workdir=info.spec.workdir,
+                               on_close=delete_on_close if owned else None)
+        sandbox.startup = info.startup
+        return sandbox
 
     async def _ready(self) -> None:
         if self._closed:
@@ -234,9 +242,10 @@ class Orchard:
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  home: str | Path | None = None, timeout: float = 300.0,
-                 backend: BackendConfig | str | None = None) -> None:
+                 backend: BackendConfig | str | None = None, caps: Any = None) -> None:
         self._loop = LoopThread.shared()  # one loop for every sync object, as in orchard/sandbox/sync.py
-        self._async = AsyncOrchard(url, api_key, home=home, timeout=timeout, backend=backend, _guard_exit=False)
+        self._async = AsyncOrchard(url, api_key, home=home, timeout=timeout, backend=backend, caps=caps,
+                                   _guard_exit=False)
         self._closed = False
         # Registered here, on the caller's thread, since the async client's close runs on the loop thread.
         if self._async.embedded:
@@ -254,9 +263,10 @@ class Orchard:
         return repr(self._async).replace("AsyncOrchard", "Orchard", 1)
 
     def create(self, spec: SandboxSpec | None = None, *, detach: bool = False,
-               **spec_fields: Any) -> SyncSandbox:
+               idempotency_key: str | None = None, **spec_fields: Any) -> SyncSandbox:
         """See `AsyncOrchard.create`."""
-        return SyncSandbox(self._loop.run(self._async.create(spec, detach=detach, **spec_fields)), self._loop)
+        return SyncSandbox(self._loop.run(self._async.create(spec, detach=detach, idempotency_key=idempotency_key,
+                                                             **spec_fields)), self._loop)
 
     def connect(self, sandbox_id: str) -> SyncSandbox:
         return SyncSandbox(self._loop.run(self._async.connect(sandbox_id)), self._loop)

@@ -7,17 +7,22 @@ the sandbox's agent."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote, urlsplit
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
 from orchard.core.backend import BackendConfig
-from orchard.core.errors import (AuthError, BackendError, InvalidRequest, NotFound, OrchardError,
-                                 PayloadTooLarge, SandboxLost, error_from_code)
+from orchard.core.errors import (AuthError, BackendError, CapacityExceeded, IdempotencyConflict, InvalidRequest,
+                                 NotFound, OrchardError, PayloadTooLarge, SandboxLost, describe_validation_errors,
+                                 error_from_code)
 from orchard.core.sandbox import SandboxInfo, SandboxList, SandboxSpec
+
+if TYPE_CHECKING:
+    from orchard.sandbox.server.admission import CreateCaps
 
 
 class EmbeddedControlPlane:
@@ -25,9 +30,11 @@ class EmbeddedControlPlane:
     on `backend` (a config or a backend's name; default the local backend). Started on first use; `close`
     deletes every sandbox it runs, because nothing would be left to reap them once this process is gone."""
 
-    def __init__(self, home: str | Path | None = None, backend: BackendConfig | str | None = None) -> None:
+    def __init__(self, home: str | Path | None = None, backend: BackendConfig | str | None = None, *,
+                 caps: CreateCaps | dict | None = None) -> None:
         self.home = Path(home) if home is not None else None
         self.backend = backend
+        self.caps = _caps(caps)
         name = backend if isinstance(backend, str) else backend.backend if backend is not None else "local"
         self.description = f"embedded (in-process, {name} backend)"
         self._service = None
@@ -46,13 +53,13 @@ class EmbeddedControlPlane:
                 # Imported here so that a remote-only client never loads the server and backend code.
                 from orchard.sandbox.server.service import SandboxService
 
-                service = SandboxService.embedded(self.home, backend=self.backend)
+                service = SandboxService.embedded(self.home, backend=self.backend, caps=self.caps)
                 await service.start()
                 self._service = service
         return self._service
 
-    async def create(self, spec: SandboxSpec) -> SandboxInfo:
-        return await (await self._started()).create(spec)
+    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> SandboxInfo:
+        return await (await self._started()).create(spec, idempotency_key=idempotency_key)
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         return await (await self._started()).get(sandbox_id)
@@ -80,14 +87,18 @@ class EmbeddedControlPlane:
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
-# Connection attempts that failed before anything was sent are retried by httpcore (backoff 0, 0.5, 1 s);
-# nothing else is retried, since a POST that reached the server may already have created a sandbox.
+# Connection attempts that failed before anything was sent are retried by httpcore (backoff 0, 0.5, 1 s).
 CONNECT_RETRIES = 3
+# A create whose connection broke after it was sent (or that got no answer in time) is sent again, with the
+# same idempotency key: the server answers with the sandbox the first attempt made, never a second one.
+CREATE_RETRIES = 3
+CREATE_RETRY_BACKOFF_S = 0.5
 
 
 # For error answers without our JSON body (e.g. from a proxy in front of the server).
 _ERROR_BY_STATUS: dict[int, type[OrchardError]] = {
-    400: InvalidRequest, 401: AuthError, 404: NotFound, 410: SandboxLost, 413: PayloadTooLarge, 503: BackendError}
+    400: InvalidRequest, 401: AuthError, 404: NotFound, 409: IdempotencyConflict, 410: SandboxLost,
+    413: PayloadTooLarge, 429: CapacityExceeded, 503: BackendError}
 
 
 def _quoted(sandbox_id: str) -> str:
@@ -95,6 +106,25 @@ def _quoted(sandbox_id: str) -> str:
     if sandbox_id in ("", ".", ".."):
         raise InvalidRequest(f"{sandbox_id!r} is not a sandbox id; list them with `orchard sandbox ls`")
     return quote(sandbox_id, safe="")
+
+
+class _Retryable(Exception):
+    """An idempotent request that may be sent again; `error` is what to raise when it is not."""
+
+    def __init__(self, error: OrchardError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _caps(caps: "CreateCaps | dict | None") -> "CreateCaps | None":
+    if caps is None:
+        return None
+    from orchard.sandbox.server.admission import CreateCaps  # the server's code, loaded only when embedded
+
+    try:
+        return caps if isinstance(caps, CreateCaps) else CreateCaps.model_validate(caps)
+    except ValidationError as exc:
+        raise InvalidRequest(f"invalid caps: {describe_validation_errors(exc, 'caps')}") from exc
 
 
 class RemoteControlPlane:
@@ -113,9 +143,20 @@ class RemoteControlPlane:
             base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
             transport=httpx.AsyncHTTPTransport(retries=CONNECT_RETRIES))
 
-    async def create(self, spec: SandboxSpec) -> SandboxInfo:
-        response = await self._request("POST", "/v1/sandboxes", json=spec.model_dump(mode="json"))
-        return self._parse(SandboxInfo, response)
+    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> SandboxInfo:
+        """Retried on a broken connection or no answer, always with one idempotency key (a new one unless
+        given), so that a retry never makes a second sandbox."""
+        headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
+        body = spec.model_dump(mode="json")
+        for attempt in range(1, CREATE_RETRIES + 1):
+            try:
+                response = await self._request("POST", "/v1/sandboxes", json=body, headers=headers)
+                return self._parse(SandboxInfo, response)
+            except _Retryable as exc:
+                if attempt == CREATE_RETRIES:
+                    raise exc.error from exc.__cause__
+                await asyncio.sleep(CREATE_RETRY_BACKOFF_S * attempt)
+        raise AssertionError("unreachable")
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         return self._parse(SandboxInfo, await self._request("GET", f"/v1/sandboxes/{_quoted(sandbox_id)}"))
@@ -143,19 +184,25 @@ class RemoteControlPlane:
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, *, json: dict | None = None,
-                       params: dict | list | None = None, read_timeout: float | None = None) -> httpx.Response:
+                       params: dict | list | None = None, read_timeout: float | None = None,
+                       headers: dict[str, str] | None = None) -> httpx.Response:
+        """With `Idempotency-Key` in `headers`, a broken connection or a missing answer raises `_Retryable`
+        (the request may be sent again); otherwise the typed error."""
         extra = {"timeout": httpx.Timeout(read_timeout, connect=10.0)} if read_timeout else {}
+        retryable = bool(headers and "Idempotency-Key" in headers)
         try:
-            response = await self._http.request(method, path, json=json, params=params, **extra)
+            response = await self._http.request(method, path, json=json, params=params, headers=headers, **extra)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise BackendError(f"cannot reach the Orchard server at {self.url} ({exc or type(exc).__name__}); "
                                "check that `orchard serve` is running there and that ORCHARD_URL is right") from exc
         except httpx.TimeoutException as exc:
-            raise OrchardError(f"the Orchard server at {self.url} did not answer {method} {path} in time; "
-                               "it may still be working on it: check with `orchard sandbox ls`") from exc
+            error = OrchardError(f"the Orchard server at {self.url} did not answer {method} {path} in time; "
+                                 "it may still be working on it: check with `orchard sandbox ls`")
+            raise (_Retryable(error) if retryable else error) from exc
         except httpx.TransportError as exc:
-            raise OrchardError(f"talking to the Orchard server at {self.url} failed during {method} {path}: "
-                               f"{exc or type(exc).__name__}") from exc
+            error = OrchardError(f"talking to the Orchard server at {self.url} failed during {method} {path}: "
+                                 f"{exc or type(exc).__name__}")
+            raise (_Retryable(error) if retryable else error) from exc
         if response.status_code >= 400:
             raise self._error(response)
         return response

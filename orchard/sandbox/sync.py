@@ -154,6 +154,7 @@ class SyncSandbox(_ClosedOnExit):
     def __init__(self, sandbox: Sandbox, loop: LoopThread | None = None) -> None:
         self.id = sandbox.id
         self.async_sandbox = sandbox
+        self.startup = getattr(sandbox, "startup", None)  # see AgentSandbox.startup
         self._loop = loop or LoopThread.shared()
 
     def exec(self, command: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,

@@ -8,12 +8,13 @@ import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from orchard import __version__
 from orchard.core.errors import AuthError, InvalidRequest
 from orchard.core.sandbox import SandboxInfo, SandboxList, SandboxSpec
+from orchard.sandbox.server.admission import MAX_IDEMPOTENCY_KEY_CHARS, CapsStats
 from orchard.sandbox.server.http_errors import ERROR_RESPONSES
 from orchard.sandbox.server.limits import MIB, BodySizeLimit
 from orchard.sandbox.server.models import Health
@@ -59,9 +60,20 @@ def create_app(service: SandboxService, api_key: str, *, key_name: str = DEFAULT
     @v1.post("/sandboxes", status_code=201, response_model=SandboxInfo)
     async def create_sandbox(spec: SandboxSpec, owner: str | None = Query(
             default=None, max_length=200,
-            description=f"owner to record; default: the API key's name ({key_name!r})")) -> SandboxInfo:
-        """Create a sandbox; returns once it is ready, with its `agent_url` and `token`."""
-        return await service.create(spec, owner=owner or key_name)
+            description=f"owner to record; default: the API key's name ({key_name!r})"),
+            idempotency_key: str | None = Header(
+                default=None, alias="Idempotency-Key", min_length=1, max_length=MAX_IDEMPOTENCY_KEY_CHARS,
+                description="the same key again (same owner) answers with the same sandbox instead of a new "
+                            "one, waiting for it while it is created; with another spec it is refused (409)"),
+    ) -> SandboxInfo:
+        """Create a sandbox; returns once it is ready, with its `agent_url` and `token`. Over one of the
+        orchestrator's caps it waits a bounded time for a place, then answers 429."""
+        return await service.create(spec, owner=owner or key_name, idempotency_key=idempotency_key)
+
+    @v1.get("/stats", response_model=CapsStats)
+    async def stats() -> CapsStats:
+        """Live sandboxes (in all and per owner), creates waiting for a place, and the caps."""
+        return await service.stats()
 
     @v1.get("/sandboxes", response_model=SandboxList)
     async def list_sandboxes(

@@ -12,7 +12,9 @@ ERROR_RESPONSES = {
         401: "missing or wrong API key (`unauthorized`)",
         404: "no such sandbox (`sandbox_not_found`)",
         410: "the sandbox was deleted or lost (`sandbox_lost`)",
+        409: "the idempotency key was used with another spec (`idempotency_conflict`)",
         413: "request body too large (`too_large`)",
+        429: "at a cap on live sandboxes or on the create rate, after the bounded wait (`capacity_exceeded`)",
         503: "the backend failed (`backend_error`)",
     }.items()
 }

@@ -9,6 +9,7 @@ import uvicorn
 from orchard.core.backend import BackendConfig
 from orchard.core.errors import InvalidRequest
 from orchard.sandbox.backends.registry import create_backend
+from orchard.sandbox.server.admission import CreateCaps
 from orchard.sandbox.server.app import create_app
 from orchard.sandbox.server.home import resolve_home, resolved_backend_config, state_db_path
 from orchard.sandbox.server.service import SandboxService
@@ -19,11 +20,12 @@ from orchard.util.logs import log_to_stderr
 
 def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | str = "local", api_key: str | None = None,
           home: str | Path | None = None, *, reap_interval_s: float = 2.0, log_level: str = "info",
-          limits: SpecLimits | None = None) -> None:
+          limits: SpecLimits | None = None, caps: CreateCaps | None = None) -> None:
     """Serve until SIGINT/SIGTERM. State lives under `home` (default `$ORCHARD_HOME`, else `~/.orchard`);
     sandboxes outlive the server and are re-adopted by the next one on the same home. `limits`: the most a
     spec may ask for (default: this machine's, overridable by ORCHARD_MAX_*; see spec_limits.py). `backend`:
-    a config, or a backend's name with its defaults (see orchard/sandbox/backends/registry.py)."""
+    a config, or a backend's name with its defaults (see orchard/sandbox/backends/registry.py). `caps`: the
+    most live sandboxes in all and per owner, and the create rate (see admission.py; default none)."""
     if not api_key:
         raise InvalidRequest("an API key is required: clients must send 'Authorization: Bearer <api key>'")
     log_to_stderr(log_level)
@@ -32,6 +34,6 @@ def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | st
     if limits is None:
         limits = spec_limits(config, home)
     service = SandboxService(create_backend(config), SandboxStore(state_db_path(home)), reap_interval_s=reap_interval_s,
-                             limits=limits)
+                             limits=limits, caps=caps)
     app = create_app(service, api_key)
     uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10)

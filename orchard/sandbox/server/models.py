@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.core.sandbox import SandboxInfo
@@ -68,3 +70,27 @@ class Health(BaseModel):
     status: str = "ok"
     backend: str
     sandboxes: int = Field(description="sandboxes that are creating, ready or being deleted")
+
+
+class AdmissionRules(BaseModel):
+    """What `SandboxStore.admit` checks before it inserts a new sandbox's record (see admission.py)."""
+
+    live_states: tuple[str, ...]
+    max_sandboxes: int | None = None
+    max_per_owner: int | None = None
+    rate_per_s: float | None = None
+    rate_burst: float = 1.0
+    idempotency_key: str | None = None
+    fingerprint: str | None = Field(default=None, description="the spec's hash, with an idempotency key")
+
+
+class Admitted(BaseModel):
+    """`SandboxStore.admit`'s answer. `admitted`: the record is in; `existing`: the idempotency key's sandbox
+    (`sandbox_id`) answers instead; `conflict`: the key was used with another spec; `full`: `cap` (server,
+    owner or rate) refused it, `live` sandboxes counting against it, `retry_after_s` for the rate."""
+
+    outcome: Literal["admitted", "existing", "conflict", "full"]
+    sandbox_id: str | None = None
+    cap: Literal["server", "owner", "rate"] | None = None
+    live: int = 0
+    retry_after_s: float | None = None

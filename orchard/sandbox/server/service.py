@@ -23,9 +23,10 @@ from pydantic import ValidationError
 from orchard.core.errors import (BackendError, InvalidRequest, OrchardError, SandboxLost, SandboxNotFound,
                                  describe_validation_errors)
 from orchard.core.backend import Backend, BackendConfig, BackendSandbox
-from orchard.core.sandbox import SandboxInfo, SandboxSpec
+from orchard.core.sandbox import SandboxInfo, SandboxSpec, StartupTimings
 from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server import instances, upkeep
+from orchard.sandbox.server.admission import Admission, CapsStats, CreateCaps
 from orchard.sandbox.server.home import resolve_home, resolved_backend_config, state_db_path
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
@@ -44,14 +45,17 @@ def new_sandbox_id() -> str:
 class SandboxService:
     def __init__(self, backend: Backend, store: SandboxStore, *, reap_interval_s: float = 2.0,
                  finished_retention_s: float = 3600.0, ephemeral: bool = False,
-                 create_drain_timeout_s: float = 120.0, limits: SpecLimits | None = None) -> None:
+                 create_drain_timeout_s: float = 120.0, limits: SpecLimits | None = None,
+                 caps: CreateCaps | None = None) -> None:
         """Takes ownership of `backend` and `store`: `stop()` closes both. A backend's sandboxes must be
         paired with one store (reconcile deletes what the store does not know). `ephemeral`: this
         instance's sandboxes die with it, so if its process dies, the next instance deletes them instead
         of adopting them (the embedded SDK). `limits`: the most a spec may ask for (default: only the
-        TTL maximum; `embedded()` and `serve()` use this machine's, see spec_limits.py)."""
+        TTL maximum; `embedded()` and `serve()` use this machine's, see spec_limits.py). `caps`: the most
+        live sandboxes in all and per owner, and the create rate (default none; see admission.py)."""
         self.backend = backend
         self.store = store
+        self.admission = Admission(store, caps, ACTIVE_STATES)
         self.limits = limits if limits is not None else SpecLimits()
         self.reap_interval_s = reap_interval_s
         self.finished_retention_s = finished_retention_s
@@ -144,27 +148,40 @@ class SandboxService:
 
     # --- the API -----------------------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec | dict, *, owner: str = "") -> SandboxInfo:
+    async def create(self, spec: SandboxSpec | dict, *, owner: str = "",
+                     idempotency_key: str | None = None) -> SandboxInfo:
         """Create a sandbox and return it ready, with `agent_url` and `token`. On any failure nothing is
-        left: the backend's sandbox is deleted and the record removed."""
+        left: the backend's sandbox is deleted and the record removed. Over a cap it waits (admission.py);
+        with an `idempotency_key` this owner already used, it returns that create's sandbox instead (waiting
+        for it while it is being created)."""
+        started = time.monotonic()
         spec = _validated_spec(spec)
         self.backend.capabilities.check(spec, self.backend.name)
         self.limits.check(spec)
-        if self._closing:
-            raise BackendError("the sandbox service is shutting down; create the sandbox after it restarts")
-        sandbox_id, token, now = new_sandbox_id(), secrets.token_urlsafe(32), time.time()
-        info = SandboxInfo(id=sandbox_id, state="creating", spec=spec, backend=self.backend.name, token=token,
-                           owner=owner, created_at=now, expires_at=now + spec.timeout_s, last_heartbeat=now)
-        record = SandboxRecord(info=info, service_id=self.me.id)
+        while True:
+            if self._closing:
+                raise BackendError("the sandbox service is shutting down; create the sandbox after it restarts")
+            sandbox_id, token, now = new_sandbox_id(), secrets.token_urlsafe(32), time.time()
+            info = SandboxInfo(id=sandbox_id, state="creating", spec=spec, backend=self.backend.name, token=token,
+                               owner=owner, created_at=now, expires_at=now + spec.timeout_s, last_heartbeat=now)
+            record = SandboxRecord(info=info, service_id=self.me.id)
+            # The record exists before the backend makes anything: reconcile treats a sandbox the backend
+            # runs without a record as an orphan. It is inserted only under the caps.
+            admitted = await self.admission.admit(record, idempotency_key=idempotency_key)
+            if admitted.outcome == "admitted":
+                break
+            existing = await self._created_with_key(str(admitted.sandbox_id), idempotency_key)
+            if existing is not None:
+                return existing
+            # That create failed (its record, and with it the key, is gone): this one takes the key.
+        admitted_at = time.monotonic()
         in_flight = self.creating[sandbox_id] = CreateInFlight()
         made: BackendSandbox | None = None
         try:
-            # The record exists before the backend makes anything: reconcile treats a sandbox the backend
-            # runs without a record as an orphan.
-            self.store.insert(record)
             made = await self.backend.create(sandbox_id, spec, token, owner=owner)
             record.backend = made
             info.agent_url, info.state, info.last_heartbeat = made.agent_url, "ready", time.time()
+            info.startup = _startup(made, started, admitted_at, time.monotonic())
             if not self.store.update_if_state(record, "creating"):  # deleted meanwhile (another instance)
                 raise SandboxLost(f"sandbox {sandbox_id} was deleted while it was being created")
             return info.model_copy(deep=True)
@@ -177,6 +194,21 @@ class SandboxService:
         finally:
             self.creating.pop(sandbox_id, None)
             in_flight.ended.set()
+
+    async def _created_with_key(self, sandbox_id: str, key: str | None) -> SandboxInfo | None:
+        """The sandbox an earlier create with idempotency key `key` made, once ready; None when that create
+        failed (its record is gone), so that this one may create in its place."""
+        try:
+            return await self.wait_ready(sandbox_id, timeout=self.create_drain_timeout_s)
+        except SandboxNotFound:
+            return None
+        except SandboxLost as e:
+            raise SandboxLost(f"idempotency key {key!r} already created sandbox {sandbox_id}, which is gone: {e}; "
+                              "use a new key for a new sandbox") from e
+
+    async def stats(self) -> CapsStats:
+        """What counts against the caps now (see admission.py)."""
+        return self.admission.stats()
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         return self._require(sandbox_id).info
@@ -327,6 +359,17 @@ class CreateInFlight:
     def __init__(self) -> None:
         self.ended = asyncio.Event()
         self.loop = asyncio.get_running_loop()
+
+
+def _startup(made: BackendSandbox, started: float, admitted_at: float, ready_at: float) -> StartupTimings:
+    """The stages of one create: the admission wait and the whole as the service timed them, the backend's
+    own stages as it reported them (else its whole create as one stage)."""
+    total_ms, backend_ms = (ready_at - started) * 1000, (ready_at - admitted_at) * 1000
+    reported = made.timings
+    stages = reported.model_dump(exclude={"total_ms", "admission_wait_ms", "pool_claim_ms"}) if reported else {}
+    if not any(v is not None for v in stages.values()):
+        stages = {"backend_create_ms": backend_ms}
+    return StartupTimings(admission_wait_ms=(admitted_at - started) * 1000, total_ms=total_ms, **stages)
 
 
 def _validated_spec(spec: SandboxSpec | dict) -> SandboxSpec:

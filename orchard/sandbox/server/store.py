@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable
 
 from orchard.core.errors import BackendError
-from orchard.sandbox.server.models import QuarantinedRow, SandboxRecord, ServiceRecord
+from orchard.sandbox.server.models import Admitted, AdmissionRules, QuarantinedRow, SandboxRecord, ServiceRecord
 
 log = logging.getLogger("orchard.sandbox.server")
 
@@ -35,6 +35,22 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     record TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandboxes_by_service ON sandboxes (service_id, state);
+CREATE INDEX IF NOT EXISTS sandboxes_by_state ON sandboxes (state, owner);
+CREATE TABLE IF NOT EXISTS idempotency (
+    owner TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    PRIMARY KEY (owner, key)
+);
+-- A key lives as long as its sandbox's record (through deletion and retention), never longer.
+CREATE TRIGGER IF NOT EXISTS idempotency_expires AFTER DELETE ON sandboxes
+BEGIN DELETE FROM idempotency WHERE sandbox_id = OLD.id; END;
+CREATE TABLE IF NOT EXISTS create_rate (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    tokens REAL NOT NULL,
+    updated REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS services (
     id TEXT PRIMARY KEY,
     record TEXT NOT NULL
@@ -90,6 +106,76 @@ class SandboxStore:
         self._write(
             "INSERT INTO sandboxes (id, service_id, state, owner, finished_at, record) VALUES (?,?,?,?,?,?)",
             _row(record))
+
+    def admit(self, record: SandboxRecord, rules: AdmissionRules, now: float) -> Admitted:
+        """Insert a new sandbox's record if `rules` allow it, in one transaction that holds the database's
+        write lock from the count to the insert, so that no other create (of this process or another
+        orchestrator sharing the file) can slip in between: the caps cannot be exceeded. In order: an
+        idempotency key already used answers with its sandbox (or a conflict), then the caps on live
+        sandboxes, then the create rate (a token bucket kept here, shared by every instance)."""
+        states = list(rules.live_states)
+        marks = ",".join("?" * len(states))
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                result = self._admit_locked(record, rules, now, states, marks)
+                self._db.execute("COMMIT" if result.outcome == "admitted" else "ROLLBACK")
+                return result
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _admit_locked(self, record: SandboxRecord, rules: AdmissionRules, now: float, states: list[str],
+                      marks: str) -> Admitted:
+        info = record.info
+        if rules.idempotency_key is not None:
+            row = self._db.execute("SELECT fingerprint, sandbox_id FROM idempotency WHERE owner = ? AND key = ?",
+                                   (info.owner, rules.idempotency_key)).fetchone()
+            if row is not None:
+                return Admitted(outcome="existing" if row[0] == rules.fingerprint else "conflict",
+                                sandbox_id=row[1])
+        live = self._db.execute(f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks})", states).fetchone()[0]
+        if rules.max_sandboxes is not None and live >= rules.max_sandboxes:
+            return Admitted(outcome="full", cap="server", live=live)
+        if rules.max_per_owner is not None:
+            mine = self._db.execute(f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks}) AND owner = ?",
+                                    [*states, info.owner]).fetchone()[0]
+            if mine >= rules.max_per_owner:
+                return Admitted(outcome="full", cap="owner", live=mine)
+        if rules.rate_per_s is not None:
+            row = self._db.execute("SELECT tokens, updated FROM create_rate WHERE id = 0").fetchone()
+            burst = float(rules.rate_burst)
+            tokens = burst if row is None else min(burst, row[0] + max(0.0, now - row[1]) * rules.rate_per_s)
+            if tokens < 1.0:
+                return Admitted(outcome="full", cap="rate", live=live,
+                                retry_after_s=(1.0 - tokens) / rules.rate_per_s)
+            self._db.execute("INSERT OR REPLACE INTO create_rate (id, tokens, updated) VALUES (0, ?, ?)",
+                             (tokens - 1.0, now))
+        self._db.execute(
+            "INSERT INTO sandboxes (id, service_id, state, owner, finished_at, record) VALUES (?,?,?,?,?,?)",
+            _row(record))
+        if rules.idempotency_key is not None:
+            self._db.execute("INSERT INTO idempotency (owner, key, fingerprint, sandbox_id) VALUES (?,?,?,?)",
+                             (info.owner, rules.idempotency_key, rules.fingerprint, info.id))
+        return Admitted(outcome="admitted", sandbox_id=info.id, live=live + 1)
+
+    def bind_idempotency_key(self, owner: str, key: str, fingerprint: str, sandbox_id: str) -> str:
+        """Bind an owner's idempotency key to `sandbox_id` (a claimed pool member) unless it is bound
+        already; return the sandbox the key names now."""
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO idempotency (owner, key, fingerprint, sandbox_id) "
+                             "VALUES (?,?,?,?)", (owner, key, fingerprint, sandbox_id))
+            return self._db.execute("SELECT sandbox_id FROM idempotency WHERE owner = ? AND key = ?",
+                                    (owner, key)).fetchone()[0]
+
+    def unbind_idempotency_key(self, owner: str, key: str, sandbox_id: str) -> None:
+        self._write("DELETE FROM idempotency WHERE owner = ? AND key = ? AND sandbox_id = ?", (owner, key, sandbox_id))
+
+    def count_by_owner(self, *, states: Iterable[str]) -> dict[str, int]:
+        states = list(states)
+        rows = self._read(f"SELECT owner, COUNT(*) FROM sandboxes WHERE state IN ({','.join('?' * len(states))}) "
+                          "GROUP BY owner ORDER BY owner", tuple(states))
+        return {owner: n for owner, n in rows}
 
     def save(self, record: SandboxRecord) -> None:
         """Write the record (insert or replace)."""

@@ -1,0 +1,138 @@
+"""Hard caps on creates: the most live sandboxes the orchestrator runs (`max_sandboxes`), the most one owner
+runs (`max_sandboxes_per_owner`; the owner is the client's API key name unless it names one), and a create
+rate (`max_creates_per_s`, with bursts of `create_burst`). Plus idempotency keys, so that retries of one
+create never make two sandboxes.
+
+A sandbox counts against the caps from the moment its record is inserted (before the backend makes
+anything) until its record is `deleted` or `lost` (after the backend removed it): creating, ready and
+being-deleted sandboxes all count, pool members too, so the backend never runs more than the cap. The check
+and the insert are one SQLite transaction (`SandboxStore.admit`), which also serialises orchestrators that
+share the store, so concurrent creates cannot overshoot; a crashed orchestrator's sandboxes keep counting
+until their records are settled.
+
+Over a cap a create waits up to `wait_s` for a place (polling the store, since the place may be freed by
+another instance), then fails with `CapacityExceeded` (HTTP 429) naming the cap, the count and what to do."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchard.core.errors import CapacityExceeded, IdempotencyConflict, InvalidRequest
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.server.models import Admitted, AdmissionRules, SandboxRecord
+from orchard.sandbox.server.store import SandboxStore
+
+# How often a waiting create looks at the store again (a place may be freed by another instance).
+POLL_S = 0.05
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+
+
+class CreateCaps(BaseModel):
+    """The orchestrator's hard caps (None: no cap). Set with `orchard serve --max-sandboxes ...` or
+    `Orchard(caps=CreateCaps(...))` for the embedded orchestrator."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    max_sandboxes: int | None = Field(default=None, ge=1, description="most live sandboxes in all")
+    max_sandboxes_per_owner: int | None = Field(default=None, ge=1,
+                                                description="most live sandboxes of one owner (client key)")
+    max_creates_per_s: float | None = Field(default=None, gt=0, description="most creates a second, sustained")
+    create_burst: int | None = Field(default=None, ge=1,
+                                     description="creates allowed at once above the rate (default: one "
+                                                 "second's worth, at least 1)")
+    wait_s: float = Field(default=10.0, ge=0, le=3600,
+                          description="how long a create over a cap waits for a place before it gets 429")
+
+    @property
+    def burst(self) -> float:
+        if self.create_burst is not None:
+            return float(self.create_burst)
+        return max(1.0, self.max_creates_per_s or 1.0)
+
+
+class CapsStats(BaseModel):
+    """`GET /v1/stats`: what counts against the caps now, and the caps."""
+
+    live: int = Field(description="sandboxes counting against the caps: creating, ready or being deleted")
+    by_owner: dict[str, int] = Field(description="live sandboxes per owner")
+    waiting: int = Field(description="creates of this instance waiting for a place under a cap")
+    caps: CreateCaps
+
+
+def spec_fingerprint(spec: SandboxSpec) -> str:
+    """A hash of the whole spec: a key reused with any other spec is a conflict."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Admission:
+    """Admits new sandboxes into `store` under `caps`; `live_states` are the states that count."""
+
+    def __init__(self, store: SandboxStore, caps: CreateCaps | None, live_states: tuple[str, ...]) -> None:
+        self.store = store
+        self.caps = caps or CreateCaps()
+        self.live_states = live_states
+        self.waiting = 0
+
+    async def admit(self, record: SandboxRecord, *, idempotency_key: str | None = None) -> Admitted:
+        """Insert `record` once the caps allow it, waiting up to `caps.wait_s`. Returns `admitted`, or
+        `existing` with the sandbox an earlier create with this key made. Raises IdempotencyConflict for a
+        key used with another spec, CapacityExceeded when no place came in time. No await follows a
+        successful insert, so a cancelled caller never leaves an admitted record it does not know about."""
+        if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+            raise InvalidRequest(f"an idempotency key must have 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
+        caps = self.caps
+        rules = AdmissionRules(
+            live_states=self.live_states, max_sandboxes=caps.max_sandboxes,
+            max_per_owner=caps.max_sandboxes_per_owner, rate_per_s=caps.max_creates_per_s, rate_burst=caps.burst,
+            idempotency_key=idempotency_key,
+            fingerprint=spec_fingerprint(record.info.spec) if idempotency_key is not None else None)
+        started = time.monotonic()
+        deadline = started + caps.wait_s
+        waiting = False
+        try:
+            while True:
+                result = self.store.admit(record, rules, time.time())
+                if result.outcome in ("admitted", "existing"):
+                    return result
+                if result.outcome == "conflict":
+                    raise IdempotencyConflict(
+                        f"idempotency key {idempotency_key!r} was already used by this owner to create sandbox "
+                        f"{result.sandbox_id} with a different spec; use a new key for a new sandbox (a key "
+                        "is freed when its sandbox's record expires)")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CapacityExceeded(self._refusal(result, record.info.owner, time.monotonic() - started))
+                if not waiting:
+                    waiting, self.waiting = True, self.waiting + 1
+                pause = POLL_S if result.retry_after_s is None else max(result.retry_after_s, 0.001)
+                await asyncio.sleep(min(pause, remaining))
+        finally:
+            if waiting:
+                self.waiting -= 1
+
+    def stats(self) -> CapsStats:
+        by_owner = self.store.count_by_owner(states=self.live_states)
+        return CapsStats(live=sum(by_owner.values()), by_owner=by_owner, waiting=self.waiting, caps=self.caps)
+
+    def _refusal(self, result: Admitted, owner: str, waited_s: float) -> str:
+        caps = self.caps
+        waited = f"waited {waited_s:.1f} s (wait_s={caps.wait_s:g}) and none freed up" if caps.wait_s else \
+            "wait_s is 0, so it did not wait"
+        cap: Literal["server", "owner", "rate"] | None = result.cap
+        if cap == "server":
+            return (f"the orchestrator is at its cap of {caps.max_sandboxes} live sandboxes ({result.live} now, "
+                    f"counting those being created or deleted); the create {waited}. Delete sandboxes you no "
+                    "longer need, retry later, or raise max_sandboxes (orchard serve --max-sandboxes)")
+        if cap == "owner":
+            return (f"owner {owner!r} is at its cap of {caps.max_sandboxes_per_owner} live sandboxes "
+                    f"({result.live} now); the create {waited}. Delete some of your sandboxes, retry later, or "
+                    "raise max_sandboxes_per_owner (orchard serve --max-sandboxes-per-owner)")
+        retry = f"; retry in {result.retry_after_s:.2f} s" if result.retry_after_s is not None else ""
+        return (f"creates are limited to {caps.max_creates_per_s:g} a second (bursts of {caps.burst:g}); the "
+                f"create {waited}{retry}, or raise max_creates_per_s (orchard serve --max-creates-per-s)")
