@@ -23,12 +23,14 @@ from pydantic import ValidationError
 from orchard.core.errors import (BackendError, InvalidRequest, OrchardError, SandboxLost, SandboxNotFound,
                                  describe_validation_errors)
 from orchard.core.backend import Backend, BackendConfig, BackendSandbox
-from orchard.core.sandbox import SandboxInfo, SandboxSpec, StartupTimings
+from orchard.core.pool import PoolSpec, PoolsConfig
+from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec, StartupTimings
 from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server import instances, upkeep
 from orchard.sandbox.server.admission import Admission, CapsStats, CreateCaps
 from orchard.sandbox.server.home import resolve_home, resolved_backend_config, state_db_path
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
+from orchard.sandbox.server.pools import PoolManager
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
 
@@ -46,13 +48,14 @@ class SandboxService:
     def __init__(self, backend: Backend, store: SandboxStore, *, reap_interval_s: float = 2.0,
                  finished_retention_s: float = 3600.0, ephemeral: bool = False,
                  create_drain_timeout_s: float = 120.0, limits: SpecLimits | None = None,
-                 caps: CreateCaps | None = None) -> None:
+                 caps: CreateCaps | None = None, pools: PoolsConfig | list[PoolSpec] | None = None) -> None:
         """Takes ownership of `backend` and `store`: `stop()` closes both. A backend's sandboxes must be
         paired with one store (reconcile deletes what the store does not know). `ephemeral`: this
         instance's sandboxes die with it, so if its process dies, the next instance deletes them instead
         of adopting them (the embedded SDK). `limits`: the most a spec may ask for (default: only the
         TTL maximum; `embedded()` and `serve()` use this machine's, see spec_limits.py). `caps`: the most
-        live sandboxes in all and per owner, and the create rate (default none; see admission.py)."""
+        live sandboxes in all and per owner, and the create rate (default none; see admission.py). `pools`:
+        warm pools of pre-started sandboxes that matching creates claim (see pools.py)."""
         self.backend = backend
         self.store = store
         self.admission = Admission(store, caps, ACTIVE_STATES)
@@ -65,6 +68,7 @@ class SandboxService:
         self.deleting: dict[str, asyncio.Task] = {}    # sandbox id → the one task deleting it
         self._reaper: asyncio.Task | None = None
         self._started = self._closing = self._stopped = False
+        self.pools = PoolManager(self, pools)
 
     @classmethod
     def embedded(cls, home: Path | None = None, *, backend: BackendConfig | str | None = None,
@@ -92,6 +96,7 @@ class SandboxService:
             self.store.remove_service(self.me.id)
             raise
         self._reaper = asyncio.create_task(self._reap_forever(), name=f"orchard-reaper-{self.me.id}")
+        await self.pools.start()
         return report
 
     async def stop(self, *, delete_all: bool = False) -> None:
@@ -101,6 +106,7 @@ class SandboxService:
             return
         self._stopped = self._closing = True
         await self._stop_reaper()
+        await self.pools.stop()
         await self._drain_creates()
         try:
             if delete_all:
@@ -149,21 +155,30 @@ class SandboxService:
     # --- the API -----------------------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec | dict, *, owner: str = "",
-                     idempotency_key: str | None = None) -> SandboxInfo:
+                     idempotency_key: str | None = None, pool: str | None = None,
+                     _pool_member: SandboxPoolInfo | None = None) -> SandboxInfo:
         """Create a sandbox and return it ready, with `agent_url` and `token`. On any failure nothing is
         left: the backend's sandbox is deleted and the record removed. Over a cap it waits (admission.py);
         with an `idempotency_key` this owner already used, it returns that create's sandbox instead (waiting
-        for it while it is being created)."""
+        for it while it is being created). A spec whose template matches a warm pool (or `pool`, a pool's
+        name) is claimed from it when it has a member started; else created cold, `info.pool` saying why."""
         started = time.monotonic()
         spec = _validated_spec(spec)
         self.backend.capabilities.check(spec, self.backend.name)
         self.limits.check(spec)
+        pooled = _pool_member
+        if _pool_member is None and not self._closing:
+            claimed, pooled = await self.pools.claim(spec, owner=owner, pool_name=pool, started=started,
+                                                     idempotency_key=idempotency_key)
+            if claimed is not None:
+                return claimed
         while True:
             if self._closing:
                 raise BackendError("the sandbox service is shutting down; create the sandbox after it restarts")
             sandbox_id, token, now = new_sandbox_id(), secrets.token_urlsafe(32), time.time()
             info = SandboxInfo(id=sandbox_id, state="creating", spec=spec, backend=self.backend.name, token=token,
-                               owner=owner, created_at=now, expires_at=now + spec.timeout_s, last_heartbeat=now)
+                               owner=owner, created_at=now, expires_at=now + spec.timeout_s, last_heartbeat=now,
+                               pool=pooled)
             record = SandboxRecord(info=info, service_id=self.me.id)
             # The record exists before the backend makes anything: reconcile treats a sandbox the backend
             # runs without a record as an orphan. It is inserted only under the caps.
@@ -216,7 +231,8 @@ class SandboxService:
     async def list(self, *, owner: str | None = None,
                    labels: dict[str, str] | None = None) -> list[SandboxInfo]:
         """Sandboxes not deleted (lost ones included, so their owners see why), oldest first."""
-        infos = [r.info for r in self.store.list(owner=owner, states=VISIBLE_STATES)]
+        infos = [r.info for r in self.store.list(owner=owner, states=VISIBLE_STATES)
+                 if r.info.pool is None or not r.info.pool.idle]  # unclaimed pool members are nobody's
         if labels:
             infos = [i for i in infos if all(i.spec.labels.get(k) == v for k, v in labels.items())]
         return infos

@@ -1,0 +1,414 @@
+"""Warm pools on the orchestrator: pre-started sandboxes per template, claimed by creates whose spec has
+that template (orchard/core/pool.py says what a template is). Backend-neutral: members are ordinary
+sandboxes made through `SandboxService.create`, so every backend has pools, and members are records in
+the store like any sandbox (marked `info.pool.idle`), which is how a restarted orchestrator finds them.
+
+- A claim takes an idle member, asks its agent (`POST /claim`, with the member's own token) to replace
+  that token with a fresh one and to apply the caller's env, then rewrites the record: the caller's spec,
+  owner, labels, TTL, `pool.claimed`, `startup.pool_claim_ms`. No process starts.
+- A create that matches a pool when none is idle is made cold; its record says so (`pool.fallback_reason`).
+- Members are refilled in the background up to the pool's target (`min_ready`, raised by misses when
+  `on_demand`), never more than `max_size` at once, at most `refill_parallel` starting and `refill_per_s`
+  starts a second. Members idle over `max_idle_s` are replaced.
+- A pool whose template changed (reconfigured, or found after a restart) never hands out its old members:
+  they are deleted. Stopping the service deletes every idle member; after a crash, the next instance
+  adopts them into the pool of the same name and template, or deletes them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Iterable
+from urllib.parse import urlsplit
+
+from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.core.pool import PoolSpec, PoolStatus, PoolsConfig, template_differences, template_key
+from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec, StartupTimings
+from orchard.sandbox.server.admission import spec_fingerprint
+
+if TYPE_CHECKING:
+    from orchard.sandbox.server.service import SandboxService
+
+log = logging.getLogger("orchard.sandbox.server.pools")
+
+CLAIM_TIMEOUT_S = 10.0
+MAINTENANCE_INTERVAL_S = 5.0   # how often idle members are checked (dead, too old) and strays adopted
+MAX_BACKOFF_S = 30.0           # after failed member starts, the next waits up to this long
+_KEY_TAKEN = "the idempotency key already names a sandbox"
+
+
+class _Pool:
+    """One configured pool as it runs: its idle members (id, when started on the monotonic clock)."""
+
+    def __init__(self, spec: PoolSpec) -> None:
+        self.spec = spec
+        self.key = spec.template
+        self.idle: deque[tuple[str, float]] = deque()
+        self.starting = 0
+        self.target = spec.min_ready
+        self.claims = self.misses = self.started = self.failed = self.drained = 0
+        self.failures_in_a_row = 0
+        self.next_start = 0.0
+        self.last_error: str | None = None
+        self.retired = False
+
+    def status(self) -> PoolStatus:
+        return PoolStatus(name=self.spec.name, template=self.key, min_ready=self.spec.min_ready,
+                          max_size=self.spec.size_cap, target=self.target, idle=len(self.idle),
+                          starting=self.starting, claims=self.claims, misses=self.misses, started=self.started,
+                          failed=self.failed, drained=self.drained, last_error=self.last_error)
+
+
+def pools_of(pools: PoolsConfig | Iterable[PoolSpec] | PoolSpec | None) -> list[PoolSpec]:
+    """The pool specs in any of the accepted shapes, validated together (unique names and templates)."""
+    if pools is None:
+        return []
+    if isinstance(pools, PoolsConfig):
+        return list(pools.pools)
+    if isinstance(pools, PoolSpec):
+        pools = [pools]
+    return list(PoolsConfig(pools=list(pools)).pools)
+
+
+class PoolManager:
+    """The pools of one `SandboxService` (which calls `start`, `claim`, `stop`)."""
+
+    def __init__(self, service: "SandboxService", pools: PoolsConfig | Iterable[PoolSpec] | None = None) -> None:
+        self.service = service
+        self.pools: dict[str, _Pool] = {}
+        self._by_key: dict[str, _Pool] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._loop_task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._owner_locks: dict[str, asyncio.Lock] = {}
+        self.configure(pools_of(pools), drain=False)
+
+    # --- configuration -----------------------------------------------------------------------------------
+
+    def configure(self, pools: PoolsConfig | Iterable[PoolSpec] | None, *, drain: bool = True) -> None:
+        """Run these pools from now on. A pool whose template changed, or that is gone, is retired: its
+        idle members are deleted, never handed out (nor those still starting, once they are up)."""
+        specs = pools_of(pools)
+        new: dict[str, _Pool] = {}
+        for spec in specs:
+            old = self.pools.get(spec.name)
+            if old is not None and old.key == spec.template:
+                old.spec, old.target = spec, max(spec.min_ready, min(old.target, spec.size_cap))
+                new[spec.name] = old
+            else:
+                new[spec.name] = _Pool(spec)
+        retired = [p for name, p in self.pools.items() if new.get(name) is not p]
+        self.pools, self._by_key = new, {p.key: p for p in new.values()}
+        for pool in retired:
+            pool.retired = True
+            if drain:
+                while pool.idle:
+                    self._discard(pool, pool.idle.popleft()[0], f"deleted: pool {pool.spec.name}'s template "
+                                  "changed or the pool was removed; its members are never handed out")
+        self._poke()
+
+    def status(self) -> list[PoolStatus]:
+        return [p.status() for p in self.pools.values()]
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Adopt idle members this instance already has (after a restart), then refill in the background."""
+        self._wake = asyncio.Event()
+        self._adopt_strays()
+        self._loop_task = asyncio.create_task(self._refill_forever(), name="orchard-pools")
+
+    async def stop(self) -> None:
+        """Stop refilling, let member starts finish, and delete every idle member (they belong to nobody)."""
+        self._stopping = True
+        task, self._loop_task = self._loop_task, None
+        here = asyncio.get_running_loop()
+        if task is not None and not task.done() and not task.get_loop().is_closed():
+            if task.get_loop() is here:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            else:
+                task.get_loop().call_soon_threadsafe(task.cancel)
+        await asyncio.gather(*[t for t in self._tasks if t.get_loop() is here], return_exceptions=True)
+        for pool in self.pools.values():
+            pool.drained += len(pool.idle)
+            pool.idle.clear()
+        members = [r.info.id for r in self.service.store.list(service_id=self.service.me.id, states=("ready",))
+                   if r.info.pool is not None and r.info.pool.idle]
+        results = await asyncio.gather(*(self.service.remove(sid, "deleted: the orchestrator stopped (an unclaimed "
+                                                              "pool member)") for sid in members),
+                                       return_exceptions=True)
+        for sid, result in zip(members, results):
+            if isinstance(result, BaseException):
+                log.error("could not delete pool member %s while stopping: %s", sid, result)
+
+    # --- claims ------------------------------------------------------------------------------------------
+
+    def match(self, spec: SandboxSpec, pool_name: str | None) -> tuple[_Pool | None, str | None]:
+        """The pool a create of `spec` claims from, or (None, why not) for an explicitly named pool that
+        cannot serve it. (None, None): no pool is involved."""
+        if pool_name is not None:
+            pool = self.pools.get(pool_name)
+            if pool is None:
+                known = ", ".join(sorted(self.pools)) or "none are configured"
+                raise InvalidRequest(f"no pool named {pool_name!r} (pools: {known}); name one of them or leave the "
+                                     "pool out to claim from the pool whose template matches the spec")
+            if pool.key != template_key(spec):
+                diffs = "; ".join(template_differences(spec, pool.spec.spec))
+                return pool, f"the spec's template differs from pool {pool_name}'s ({diffs}): made cold"
+            return pool, None
+        return self._by_key.get(template_key(spec)), None
+
+    async def claim(self, spec: SandboxSpec, *, owner: str, pool_name: str | None = None,
+                    started: float | None = None, idempotency_key: str | None = None,
+                    ) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
+        """(the claimed sandbox, None), or (None, what to record on the cold sandbox made instead: None when
+        no pool matches, or when `idempotency_key` already names a sandbox: the normal create answers it).
+        `started`: when the create began (time.monotonic())."""
+        started = time.monotonic() if started is None else started
+        pool, why_not = self.match(spec, pool_name)
+        if pool is None:
+            return None, None
+        key = template_key(spec)
+        if why_not is None and self._stopping:
+            why_not = "the orchestrator is stopping"
+        per_owner = self.service.admission.caps.max_sandboxes_per_owner
+        if why_not is None and pool.idle and per_owner is not None:
+            # A claim gives the owner one more sandbox: under a per-owner cap, claims of one owner go one at
+            # a time, and one over the cap takes the normal path (which waits for a place or says 429).
+            lock = self._owner_locks.setdefault(owner, asyncio.Lock())
+            async with lock:
+                mine = self.service.store.count_by_owner(states=self.service.admission.live_states).get(owner, 0)
+                if mine >= per_owner:
+                    return None, None
+                return await self._claim_from(pool, spec, owner, started, idempotency_key, key)
+        return await self._claim_from(pool, spec, owner, started, idempotency_key, key, why_not)
+
+    async def _claim_from(self, pool: _Pool, spec: SandboxSpec, owner: str, started: float,
+                          idempotency_key: str | None, key: str, why_not: str | None = None,
+                          ) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
+        while why_not is None and pool.idle:
+            sandbox_id, since = pool.idle.popleft()
+            self._poke()
+            info, why_not = await self._hand_out(pool, sandbox_id, spec, owner, started, idempotency_key)
+            if info is not None:
+                pool.claims += 1
+                return info, None
+            if why_not is not None:  # the member is fine but cannot serve this spec: keep it
+                pool.idle.appendleft((sandbox_id, since))
+                if why_not == _KEY_TAKEN:
+                    return None, None
+        if why_not is None:
+            pool.misses += 1
+            if pool.spec.on_demand and pool.target < pool.spec.size_cap:
+                pool.target += 1
+            self._poke()
+            why_not = (f"pool {pool.spec.name} had no started member ({pool.starting} starting, at most "
+                       f"{pool.spec.size_cap}): made cold")
+        return None, SandboxPoolInfo(name=pool.spec.name, template=key, fallback_reason=why_not)
+
+    async def _hand_out(self, pool: _Pool, sandbox_id: str, spec: SandboxSpec, owner: str, started: float,
+                        idempotency_key: str | None) -> tuple[SandboxInfo | None, str | None]:
+        store = self.service.store
+        record = store.get(sandbox_id)
+        member = record.info.pool if record is not None else None
+        if (record is None or record.info.state != "ready" or record.backend is None or member is None
+                or not member.idle or member.template != pool.key or record.info.token is None):
+            if record is not None and record.info.state == "ready":
+                self._discard(pool, sandbox_id, "deleted: a pool member that no longer matched its pool")
+            return None, None
+        now = time.time()
+        if record.info.expires_at < now + spec.timeout_s:
+            return None, (f"timeout_s={spec.timeout_s:g} is longer than pool {pool.spec.name}'s members have left "
+                          f"(member_timeout_s={pool.spec.member_timeout_s:g}): made cold")
+        if idempotency_key is not None:
+            # Bound before the claim, so that a retry of this create finds this sandbox, never claims another.
+            bound = store.bind_idempotency_key(owner, idempotency_key, spec_fingerprint(spec), sandbox_id)
+            if bound != sandbox_id:
+                return None, _KEY_TAKEN
+        claim_started = time.monotonic()
+        token = secrets.token_urlsafe(32)
+        try:
+            await claim_agent(record.backend.agent_url, record.info.token, token, spec.env)
+        except (OrchardError, OSError, asyncio.TimeoutError) as e:
+            log.warning("pool %s: member %s could not be claimed (%s); deleting it", pool.spec.name, sandbox_id, e)
+            if idempotency_key is not None:
+                store.unbind_idempotency_key(owner, idempotency_key, sandbox_id)
+            self._discard(pool, sandbox_id, f"deleted: a pool member whose agent refused the claim: {e}")
+            return None, None
+        done = time.monotonic()
+        info = record.info
+        info.token, info.spec, info.owner = token, spec, owner
+        info.created_at = info.last_heartbeat = now
+        info.expires_at = now + spec.timeout_s
+        info.pool = SandboxPoolInfo(name=pool.spec.name, template=pool.key, claimed=True)
+        info.startup = StartupTimings(pool_claim_ms=(done - claim_started) * 1000,
+                                      total_ms=(done - started) * 1000)
+        if not store.update_if_state(record, "ready"):  # deleted meanwhile (reaped as dead, another instance)
+            return None, None
+        return info.model_copy(deep=True), None
+
+    # --- refilling -----------------------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _refill_forever(self) -> None:
+        assert self._wake is not None
+        next_maintenance = time.monotonic() + MAINTENANCE_INTERVAL_S
+        while not self._stopping:
+            self._wake.clear()
+            now = time.monotonic()
+            try:
+                if now >= next_maintenance:
+                    next_maintenance = now + MAINTENANCE_INTERVAL_S
+                    self._maintain()
+                wait = min(self._top_up(), next_maintenance - now)
+            except Exception:  # never let one bad pass stop refilling
+                log.exception("refilling the warm pools failed; retrying")
+                wait = 1.0
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(wait, 0.001))
+            except TimeoutError:
+                pass
+
+    def _top_up(self) -> float:
+        """Start the members each pool lacks now; return how long until a start may be due again."""
+        now, wait = time.monotonic(), MAINTENANCE_INTERVAL_S
+        for pool in self.pools.values():
+            spec = pool.spec
+            while (pool.starting + len(pool.idle) < min(pool.target, spec.size_cap)
+                   and pool.starting < spec.refill_parallel and not self._stopping):
+                if now < pool.next_start:
+                    wait = min(wait, pool.next_start - now)
+                    break
+                if spec.refill_per_s is not None:
+                    pool.next_start = max(now, pool.next_start) + 1.0 / spec.refill_per_s
+                pool.starting += 1
+                self._spawn(self._start_member(pool))
+        return wait
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def member_spec(self, pool: _Pool) -> SandboxSpec:
+        ttl = pool.spec.member_timeout_s
+        if self.service.limits.timeout_s is not None:
+            ttl = min(ttl, self.service.limits.timeout_s)
+        return pool.spec.spec.model_copy(update={"timeout_s": ttl, "heartbeat_timeout_s": None})
+
+    async def _start_member(self, pool: _Pool) -> None:
+        try:
+            info = await self.service.create(
+                self.member_spec(pool), owner=f"pool:{pool.spec.name}",
+                _pool_member=SandboxPoolInfo(name=pool.spec.name, template=pool.key, idle=True))
+        except Exception as e:
+            pool.failed += 1
+            pool.failures_in_a_row += 1
+            pool.last_error = str(e)
+            pool.next_start = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** pool.failures_in_a_row)
+            if not self._stopping:
+                log.warning("pool %s: starting a member failed (%s); retrying", pool.spec.name, e)
+            return
+        finally:
+            pool.starting -= 1
+            self._poke()
+        pool.started += 1
+        pool.failures_in_a_row = 0
+        if pool.retired or self._stopping:
+            self._discard(pool, info.id, "deleted: its pool was retired or the orchestrator is stopping")
+        else:
+            pool.idle.append((info.id, time.monotonic()))
+
+    def _discard(self, pool: _Pool, sandbox_id: str, reason: str) -> None:
+        """Delete an unclaimed member in the background."""
+        pool.drained += 1
+
+        async def remove() -> None:
+            try:
+                await self.service.remove(sandbox_id, reason)
+            except Exception as e:
+                log.warning("could not delete pool member %s (the reaper retries): %s", sandbox_id, e)
+
+        self._spawn(remove())
+
+    def _maintain(self) -> None:
+        """Forget dead members, replace (or, above min_ready, drop) those idle too long, adopt strays."""
+        now = time.monotonic()
+        for pool in self.pools.values():
+            kept: deque[tuple[str, float]] = deque()
+            for sandbox_id, since in pool.idle:
+                record = self.service.store.get(sandbox_id)
+                if record is None or record.info.state != "ready":
+                    continue
+                if now - since > pool.spec.max_idle_s:
+                    self._discard(pool, sandbox_id, f"deleted: an unclaimed pool member older than max_idle_s="
+                                  f"{pool.spec.max_idle_s:g}")
+                    if pool.target > pool.spec.min_ready:
+                        pool.target -= 1
+                    continue
+                kept.append((sandbox_id, since))
+            pool.idle = kept
+        self._adopt_strays()
+
+    def _adopt_strays(self) -> None:
+        """Idle members this instance manages but no pool holds (from before a restart, or taken over from
+        a dead instance): into the pool of their name and template, else deleted."""
+        held = {sid for pool in self.pools.values() for sid, _ in pool.idle}
+        busy = self.service.creating.keys() | self.service.deleting.keys()
+        now_wall, now = time.time(), time.monotonic()
+        for record in self.service.store.list(service_id=self.service.me.id, states=("ready",)):
+            member = record.info.pool
+            if member is None or not member.idle or record.info.id in held or record.info.id in busy:
+                continue
+            pool = self.pools.get(member.name)
+            age = now_wall - record.info.created_at
+            if pool is not None and pool.key == member.template and age < pool.spec.max_idle_s and not self._stopping:
+                pool.idle.append((record.info.id, now - age))
+            else:
+                self._discard(pool or _Pool(PoolSpec(name=member.name, min_ready=0)), record.info.id,
+                              "deleted: a pool member whose pool's template changed or is gone")
+
+
+async def claim_agent(agent_url: str, token: str, new_token: str, env: dict[str, str]) -> None:
+    """Ask a member's agent to take `new_token` (and drop `token`) and `env` for later commands. One
+    request on a fresh connection, written by hand: making an httpx client (its transport and pool) for
+    each member's socket costs several times the request itself, and a claim should cost about one
+    round trip."""
+    body = json.dumps({"token": new_token, "env": env}).encode()
+    head = (f"POST /claim HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    status, answer = await asyncio.wait_for(_post(agent_url, head.encode() + body), CLAIM_TIMEOUT_S)
+    if status != 200:
+        raise OrchardError(f"the agent answered {status}: {answer[:300].decode(errors='replace')}")
+
+
+async def _post(agent_url: str, request: bytes) -> tuple[int, bytes]:
+    if agent_url.startswith("unix:"):
+        path = agent_url[len("unix:"):]
+        reader, writer = await asyncio.open_unix_connection(path[2:] if path.startswith("//") else path)
+    elif agent_url.startswith("http://"):
+        address = urlsplit(agent_url)
+        reader, writer = await asyncio.open_connection(address.hostname, address.port or 80)
+    else:
+        raise InvalidRequest(f"pool members need an agent at unix:///PATH or http://HOST:PORT, not {agent_url!r}")
+    try:
+        writer.write(request)
+        await writer.drain()
+        response = await reader.read()  # Connection: close, so the answer ends with the connection
+    finally:
+        writer.close()
+    head, _, answer = response.partition(b"\r\n\r\n")
+    try:
+        status = int(head.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise OrchardError(f"the agent's answer is not HTTP: {head[:100]!r}") from None
+    return status, answer

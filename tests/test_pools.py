@@ -1,0 +1,293 @@
+"""Warm pools on the real local backend: members are real sandboxes (bubblewrap + their agent), claims go
+through the real agent's POST /claim, and "nothing leaked" is checked against what the backend itself finds
+running (its `list_live`, from the processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from orchard.core.errors import AuthError, InvalidRequest
+from orchard.core.pool import PoolSpec, PoolsConfig, template_key
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.agent_client import AgentSandbox
+from orchard.sandbox.server.pools import claim_agent
+from orchard.sandbox.server.service import SandboxService
+from tests.running_server import live_sandbox_ids
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+async def until(condition, timeout: float = 30.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
+        await asyncio.sleep(0.02)
+
+
+def idle_members(service: SandboxService) -> dict[str, str]:
+    """id → token of the unclaimed members in the store."""
+    return {r.info.id: r.info.token for r in service.store.list(states=("ready",))
+            if r.info.pool is not None and r.info.pool.idle}
+
+
+@pytest.fixture
+def run(sandbox_home):
+    """Run an async test body against a started embedded service with `pools`; stop deletes everything."""
+    def runner(pools, body):
+        async def main():
+            service = SandboxService.embedded(sandbox_home, pools=pools, reap_interval_s=0.2)
+            await service.start()
+            try:
+                await body(service)
+            finally:
+                await service.stop(delete_all=True)
+            assert await live_sandbox_ids(sandbox_home) == set(), "stop left sandboxes running"
+        asyncio.run(main())
+    return runner
+
+
+def test_claim_hands_out_a_member_with_a_fresh_token_and_the_callers_env_and_labels(run):
+    async def body(service: SandboxService):
+        await until(lambda: service.pools.status()[0].idle == 2, what="the pool filling to min_ready=2")
+        members = idle_members(service)
+        assert await service.list() == []  # idle members are nobody's: not listed
+        info = await service.create(SandboxSpec(env={"GREETING": "hi"}, labels={"run": "r1"}, timeout_s=60),
+                                    owner="alice")
+        assert info.id in members and info.pool.claimed and info.pool.name == "warm"
+        assert info.token != members[info.id]
+        assert info.owner == "alice" and info.spec.labels == {"run": "r1"}
+        assert info.expires_at - info.created_at == pytest.approx(60)
+        assert info.startup.pool_claim_ms is not None and info.startup.backend_create_ms is None
+        assert [i.id for i in await service.list(labels={"run": "r1"})] == [info.id]
+        async with AgentSandbox(info.id, info.agent_url, info.token) as sandbox:
+            result = await sandbox.exec("echo $GREETING")
+            assert result.stdout == "hi\n"
+            session = await sandbox.shell("s")
+            assert (await session.run("echo $GREETING")).output.strip() == "hi"
+        async with AgentSandbox(info.id, info.agent_url, members[info.id]) as with_pool_token:
+            with pytest.raises(AuthError):
+                await with_pool_token.exec("true")
+        # A claimed sandbox is claimed once: its holder cannot be replaced, the pool's token least of all.
+        from orchard.core.errors import OrchardError
+        with pytest.raises(OrchardError, match="401"):
+            await claim_agent(info.agent_url, members[info.id], "x" * 32, {})
+        with pytest.raises(OrchardError, match="409"):
+            await claim_agent(info.agent_url, info.token, "y" * 32, {})
+        # Each member's agent accepts only its own token.
+        other = next(sid for sid in idle_members(service) if sid != info.id)
+        with pytest.raises(OrchardError, match="401"):
+            await claim_agent((await service.get(other)).agent_url, info.token, "z" * 32, {})
+        # The pool refills behind the claim.
+        await until(lambda: service.pools.status()[0].idle == 2, what="the refill after a claim")
+        assert service.pools.status()[0].claims == 1
+
+    run([PoolSpec(name="warm", min_ready=2)], body)
+
+
+def test_an_empty_pool_falls_back_to_a_cold_create_and_says_why(run):
+    async def body(service: SandboxService):
+        info = await service.create(SandboxSpec(env={"A": "1"}))
+        assert info.pool is not None and not info.pool.claimed
+        assert "no started member" in info.pool.fallback_reason
+        assert info.startup.backend_create_ms is not None and info.startup.pool_claim_ms is None
+        # A spec of another template has nothing to do with the pool.
+        other = await service.create(SandboxSpec(workdir="/elsewhere"))
+        assert other.pool is None
+        # Naming a pool whose template differs: made cold, the reason names the field.
+        named = await service.create(SandboxSpec(workdir="/elsewhere"), pool="empty")
+        assert not named.pool.claimed and "workdir" in named.pool.fallback_reason
+        with pytest.raises(InvalidRequest, match="no pool named"):
+            await service.create(SandboxSpec(), pool="nope")
+        assert service.pools.status()[0].misses == 1
+
+    run([PoolSpec(name="empty", min_ready=0, max_size=2)], body)
+
+
+def test_on_demand_grows_to_the_demand_but_never_past_max_size(run):
+    async def body(service: SandboxService):
+        seen_max = 0
+
+        async def watch():
+            nonlocal seen_max
+            while True:
+                status = service.pools.status()[0]
+                seen_max = max(seen_max, status.idle + status.starting)
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            for _ in range(5):  # each miss asks for one more member, up to max_size=3 (later creates may claim)
+                await service.create(SandboxSpec(cpu=None), owner="bob")
+            await until(lambda: service.pools.status()[0].idle == 3, what="the pool growing to max_size")
+            await asyncio.sleep(0.3)
+            status = service.pools.status()[0]
+            assert status.target == 3 and status.idle == 3
+            assert status.claims + status.misses == 5 and status.started == status.claims + 3
+        finally:
+            watcher.cancel()
+        assert seen_max <= 3
+
+    run([PoolSpec(name="grow", min_ready=0, max_size=3, on_demand=True)], body)
+
+
+def test_members_of_a_changed_template_are_never_handed_out(run):
+    async def body(service: SandboxService):
+        await until(lambda: service.pools.status()[0].idle == 2, what="the first template's members")
+        old = set(idle_members(service))
+        service.pools.configure([PoolSpec(name="p", min_ready=2, spec=SandboxSpec(workdir="/work2"))])
+        # Until the new template's members are up, a create of the old template is no pool's: made cold.
+        first = await service.create(SandboxSpec())
+        assert first.id not in old and first.pool is None
+        await until(lambda: service.pools.status()[0].idle == 2, what="the new template's members")
+        claimed = await service.create(SandboxSpec(workdir="/work2"))
+        assert claimed.pool.claimed and claimed.id not in old
+        await until(lambda: not (old & set(idle_members(service))), what="the old members' deletion")
+        assert not (old & await live_sandbox_ids(service_home(service)))
+
+    run([PoolSpec(name="p", min_ready=2)], body)
+
+
+def service_home(service: SandboxService) -> Path:
+    return Path(service.store.path).parent
+
+
+def test_a_claim_with_an_idempotency_key_is_answered_again_not_repeated(run):
+    async def body(service: SandboxService):
+        await until(lambda: service.pools.status()[0].idle == 2, what="the pool filling")
+        first = await service.create(SandboxSpec(), owner="k", idempotency_key="key-1")
+        again = await service.create(SandboxSpec(), owner="k", idempotency_key="key-1")
+        assert first.pool.claimed and again.id == first.id
+        assert service.pools.status()[0].claims == 1
+
+    run([PoolSpec(name="p", min_ready=2)], body)
+
+
+def test_pool_specs_are_checked():
+    with pytest.raises(ValueError, match="leave env and labels empty"):
+        PoolSpec(name="p", spec=SandboxSpec(env={"A": "1"}))
+    with pytest.raises(ValueError, match="below min_ready"):
+        PoolSpec(name="p", min_ready=3, max_size=2)
+    with pytest.raises(ValueError, match="same template"):
+        PoolsConfig(pools=[PoolSpec(name="a"), PoolSpec(name="b", spec=SandboxSpec(timeout_s=5))])
+    # env, labels and the TTLs are not part of the template; everything else is.
+    assert template_key(SandboxSpec(env={"A": "1"}, labels={"x": "y"}, timeout_s=9)) == template_key(SandboxSpec())
+    assert template_key(SandboxSpec(memory_mb=512)) != template_key(SandboxSpec())
+
+
+CRASHING_ORCHESTRATOR = textwrap.dedent("""
+    import asyncio, sys
+    from pathlib import Path
+    from orchard.core.pool import PoolSpec
+    from orchard.sandbox.server.service import SandboxService
+
+    async def main():
+        service = SandboxService.embedded(Path(sys.argv[1]), pools=[PoolSpec(name="p", min_ready=2)],
+                                          ephemeral=sys.argv[2] == "ephemeral")
+        await service.start()
+        while service.pools.status()[0].idle < 2:
+            await asyncio.sleep(0.02)
+        print("FILLED", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+""")
+
+
+def crash_an_orchestrator_with_a_full_pool(home: Path, mode: str) -> set[str]:
+    """Start a pooled orchestrator in a process of its own, wait for its 2 members, kill -9 it; return the
+    members' ids (still running: nobody deleted them)."""
+    process = subprocess.Popen([sys.executable, "-c", CRASHING_ORCHESTRATOR, str(home), mode],
+                               stdout=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert process.stdout.readline().strip() == b"FILLED"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    members = asyncio.run(live_sandbox_ids(home))
+    assert len(members) == 2
+    return members
+
+
+@pytest.mark.slow
+def test_after_a_crash_members_are_adopted_into_their_pool_or_deleted(sandbox_home):
+    """A server's members (not ephemeral) are adopted into the pool of the same template and handed out
+    without a new start; under a changed template they are deleted; an embedded (ephemeral) orchestrator's
+    die with it. Each way: no orphan left."""
+    members = crash_an_orchestrator_with_a_full_pool(sandbox_home, "server")
+
+    async def adopt():
+        service = SandboxService.embedded(sandbox_home, pools=[PoolSpec(name="p", min_ready=2)], ephemeral=False)
+        await service.start()
+        try:
+            assert service.pools.status()[0].idle == 2 and service.pools.status()[0].started == 0
+            info = await service.create(SandboxSpec(env={"B": "2"}))
+            assert info.id in members and info.pool.claimed
+        finally:
+            await service.stop(delete_all=True)
+        assert await live_sandbox_ids(sandbox_home) == set()
+
+    asyncio.run(adopt())
+
+    members = crash_an_orchestrator_with_a_full_pool(sandbox_home, "server")
+
+    async def changed_template():
+        service = SandboxService.embedded(
+            sandbox_home, pools=[PoolSpec(name="p", min_ready=0, spec=SandboxSpec(memory_mb=256))], ephemeral=False)
+        await service.start()
+        try:
+            await until(lambda: not (members & set(idle_members(service))), what="the stale members' deletion")
+            assert not (members & await live_sandbox_ids(sandbox_home))
+        finally:
+            await service.stop()
+        assert await live_sandbox_ids(sandbox_home) == set()
+
+    asyncio.run(changed_template())
+
+    crash_an_orchestrator_with_a_full_pool(sandbox_home, "ephemeral")
+
+    async def embedded_crash():
+        service = SandboxService.embedded(sandbox_home)
+        report = await service.start()
+        await service.stop()
+        assert len(report.orphans_removed) == 2
+        assert await live_sandbox_ids(sandbox_home) == set()
+
+    asyncio.run(embedded_crash())
+
+
+def test_claims_keep_to_the_per_owner_cap(sandbox_home):
+    """A claim gives its owner one more live sandbox: over `max_sandboxes_per_owner` it is refused like a
+    cold create (429 after the wait), never handed out. The pool's members count as the owner `pool:NAME`
+    under that cap, so a pool holds at most the cap."""
+    from orchard.core.errors import CapacityExceeded
+    from orchard.sandbox.server.admission import CreateCaps
+
+    async def main():
+        service = SandboxService.embedded(sandbox_home, pools=[PoolSpec(name="p", min_ready=2)],
+                                          caps=CreateCaps(max_sandboxes_per_owner=2, wait_s=0))
+        await service.start()
+        try:
+            await until(lambda: service.pools.status()[0].idle == 2, what="the pool filling")
+            made = await asyncio.gather(*(service.create(SandboxSpec(), owner="carol") for _ in range(2)))
+            assert all(info.pool.claimed for info in made)
+            with pytest.raises(CapacityExceeded):
+                await service.create(SandboxSpec(), owner="carol")
+            assert service.pools.status()[0].claims == 2
+            await until(lambda: service.pools.status()[0].idle == 2, what="the refill")
+            with pytest.raises(CapacityExceeded):
+                await service.create(SandboxSpec(), owner="carol")
+            assert service.pools.status()[0].claims == 2
+        finally:
+            await service.stop(delete_all=True)
+        assert await live_sandbox_ids(sandbox_home) == set()
+
+    asyncio.run(main())
