@@ -1,0 +1,333 @@
+"""Helpers of the chaos tests (tests/test_chaos.py): an orchestrator that can be killed and restarted on
+the same port, a sampler of how many sandboxes exist on the host, and the orphan checks — everything a
+run could have left behind, found from the host (processes, mounts, cgroups, directories, store rows) or,
+for the Kubernetes backend, from the API server (Pods, Secrets, NetworkPolicies by label).
+
+Every sandbox of a run carries one environment variable, `ORCHARD_CHAOS_MARK=<run id>`, so that its agent
+and commands are found by their environment; bwrap's own processes are found by the cgroups of the run's
+sandbox keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+from pydantic import BaseModel
+
+from orchard.sandbox.server.home import state_db_path
+from tests.running_server import free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MARK = "ORCHARD_CHAOS_MARK"
+# `serve()` with its options as JSON; `caps` and `pools` become their models.
+SERVE = """
+import json, sys
+from orchard.sandbox.server.main import serve
+options = json.loads(sys.argv[1])
+if "caps" in options:
+    from orchard.sandbox.server.admission import CreateCaps
+    options["caps"] = CreateCaps.model_validate(options["caps"])
+if "pools" in options:
+    from orchard.core.pool import PoolsConfig
+    options["pools"] = PoolsConfig.model_validate(options["pools"])
+serve(**options)
+"""
+START_TIMEOUT_S = 60.0
+
+
+# --- the orchestrator ----------------------------------------------------------------------------------
+
+
+class ChaosServer:
+    """`serve()` in a subprocess on a fixed port, so that clients keep one URL across kills and restarts.
+    `options`: more keyword arguments of `serve()` (e.g. caps); `env`: more environment variables."""
+
+    def __init__(self, home: Path, api_key: str, *, backend: str = "local", reap_interval_s: float = 0.5,
+                 options: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> None:
+        self.home, self.api_key = home, api_key
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.options = {"host": "127.0.0.1", "port": self.port, "backend": backend, "api_key": api_key,
+                        "home": str(home), "reap_interval_s": reap_interval_s, "log_level": "info",
+                        **(options or {})}
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+        self.kills = 0
+
+    @property
+    def log(self) -> Path:
+        return self.home / "serve.log"
+
+    def start(self) -> None:
+        assert self.process is None, "already running"
+        with open(self.log, "ab") as log:
+            log.write(f"\n=== start {self.starts + 1} ===\n".encode())
+            log.flush()
+            self.process = subprocess.Popen([sys.executable, "-c", SERVE, json.dumps(self.options)],
+                                            cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.starts += 1
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the orchestrator exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        self.kill()
+        raise AssertionError(f"the orchestrator did not come up in {START_TIMEOUT_S:g} s:\n{self.tail()}")
+
+    def kill(self) -> None:
+        """A crash: SIGKILL, nothing of the service's shutdown runs; its sandboxes keep running."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+            self.kills += 1
+
+    def stop(self) -> None:
+        """Graceful (SIGTERM); sandboxes keep running for the next start."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
+
+    def tail(self, limit: int = 6000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-limit:]
+        except OSError:
+            return ""
+
+
+# --- sampling ------------------------------------------------------------------------------------------
+
+
+class Sampler:
+    """Calls `count()` every `interval_s` on a thread of its own (so a busy event loop does not skip
+    samples) and keeps every value; `peak` is the largest seen."""
+
+    def __init__(self, count: Callable[[], int], interval_s: float = 0.05) -> None:
+        self.count, self.interval_s = count, interval_s
+        self.samples: list[tuple[float, int]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-sampler", daemon=True)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.samples.append((time.monotonic(), self.count()))
+            except Exception as exc:  # noqa: BLE001 — reported by the test, never a dead sampler
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    @property
+    def peak(self) -> int:
+        return max((n for _, n in self.samples), default=0)
+
+
+def local_sandbox_count(home: Path) -> int:
+    """Sandboxes that exist on the host under `home`'s local backend: their directories, which are made
+    before anything of a sandbox runs and removed after all of it is gone — so this never undercounts."""
+    try:
+        return sum(1 for entry in os.scandir(home / "sandboxes") if entry.is_dir())
+    except FileNotFoundError:
+        return 0
+
+
+# --- the store -----------------------------------------------------------------------------------------
+
+
+def store_states(home: Path) -> dict[str, str]:
+    """id -> state of every sandbox row in `home`'s store, quarantined rows as `quarantined`."""
+    path = state_db_path(home)
+    if not path.exists():
+        return {}
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        states = dict(db.execute("SELECT id, state FROM sandboxes").fetchall())
+        if "quarantine" in tables:
+            for (sandbox_id,) in db.execute("SELECT id FROM quarantine WHERE kind = 'sandbox' AND NOT cleaned_up"):
+                states[sandbox_id] = "quarantined"
+    return states
+
+
+# --- what a run left behind ----------------------------------------------------------------------------
+
+
+class Footprint(BaseModel):
+    """What still exists of a run's sandboxes; every list empty = nothing left."""
+
+    processes: list[str] = []
+    mounts: list[str] = []
+    cgroups: list[str] = []
+    dirs: list[str] = []
+    records: list[str] = []  # store rows in a state other than deleted
+    pods: list[str] = []
+    secrets: list[str] = []
+    network_policies: list[str] = []
+
+    @property
+    def empty(self) -> bool:
+        return not any(getattr(self, field) for field in type(self).model_fields)
+
+    def describe(self) -> str:
+        return "; ".join(f"{field}: {', '.join(values[:10])}{' ...' if len(values) > 10 else ''}"
+                         for field, values in self.model_dump().items() if values) or "nothing"
+
+
+def new_mark() -> str:
+    return uuid.uuid4().hex
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _describe_pid(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        cmdline = "?"
+    return f"{pid} ({cmdline.strip()[:80]})"
+
+
+def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
+    """What of the sandboxes `ids` (and any sandbox carrying `mark`) is left under `home`'s local backend:
+    processes (by the mark in their environment, or by living in one of the sandboxes' cgroups), mounts
+    of the home or the sandboxes' run dirs, cgroups named by the sandboxes' keys, their directories, and
+    store rows not `deleted`."""
+    from orchard.sandbox.backends import cgroups
+    from orchard.sandbox.backends.registry import backend_config, create_backend
+
+    backend = create_backend(backend_config("local", home))
+    keys = {backend._key(sandbox_id) for sandbox_id in ids}
+    run_dirs = {str(backend.run_base / key) for key in keys}
+    needle = f"{MARK}={mark}".encode()
+    found = Footprint()
+    for pid in _pids():
+        if pid == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            groups = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            continue
+        in_group = any(line.rsplit("/", 1)[-1] in keys for line in groups.splitlines()
+                       if "/orchard/" in line)
+        if needle in environ or in_group:
+            found.processes.append(_describe_pid(pid))
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            if point.startswith(str(home)) or any(point.startswith(d) for d in run_dirs):
+                found.mounts.append(point)
+    for key in sorted(keys):
+        found.cgroups += cgroups.existing_groups(key)
+    sandboxes = home / "sandboxes"
+    if sandboxes.is_dir():
+        found.dirs += [str(p) for p in sandboxes.iterdir()]
+    found.dirs += sorted(d for d in run_dirs if os.path.lexists(d))
+    found.records = sorted(f"{sandbox_id}={state}" for sandbox_id, state in store_states(home).items()
+                           if state != "deleted")
+    return found
+
+
+def k8s_footprint(kubeconfig: str, namespace: str, instance: str) -> Footprint:
+    """Pods (not already being deleted), Secrets and NetworkPolicies of one backend instance (its label
+    selector) in `namespace`."""
+    from kubernetes import client
+
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.k8s_pods import instance_selector
+
+    selector = instance_selector(instance)
+    api = load_api_client(kubeconfig)
+    try:
+        core, net = client.CoreV1Api(api), client.NetworkingV1Api(api)
+        return Footprint(
+            pods=[p.metadata.name for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+                  if p.metadata.deletion_timestamp is None],
+            secrets=[s.metadata.name for s in
+                     core.list_namespaced_secret(namespace, label_selector=selector).items],
+            network_policies=[p.metadata.name for p in
+                              net.list_namespaced_network_policy(namespace, label_selector=selector).items])
+    finally:
+        api.close()
+
+
+def wait_until_empty(footprint: Callable[[], Footprint], timeout_s: float) -> Footprint:
+    """The footprint once empty, or the last one seen after `timeout_s` (processes take a moment to be
+    reaped by the kernel after a SIGKILL)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = footprint()
+        if found.empty or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+# --- chaos on the local backend ------------------------------------------------------------------------
+
+
+def _kill(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def kill_in_local_sandbox(home: Path, rng, what: str) -> str | None:
+    """SIGKILL one part of a random running sandbox under `home`: its `agent`, its `init` (the pid
+    namespace's init: everything in it dies) or bwrap's `monitor` (the sandbox itself lives on). Returns
+    the sandbox's id, or None when no sandbox had that part running."""
+    from orchard.sandbox.backends.local_state import children_of, process_running, read_record
+
+    try:
+        entries = [e.path for e in os.scandir(home / "sandboxes") if e.is_dir()]
+    except FileNotFoundError:
+        return None
+    rng.shuffle(entries)
+    for entry in entries:
+        record = read_record(Path(entry) / "meta.json")
+        if record is None:
+            continue
+        handle = record.handle
+        if not process_running(handle.init_pid, handle.init_start):
+            continue
+        if what == "init":
+            pids = [handle.init_pid]
+        elif what == "monitor":
+            pids = [handle.pid] if process_running(handle.pid, handle.pid_start) else []
+        else:  # the agent: the init's child
+            pids = children_of(handle.init_pid)
+        if pids and _kill(pids[0]):
+            return record.id
+    return None
