@@ -291,3 +291,78 @@ def test_claims_keep_to_the_per_owner_cap(sandbox_home):
         assert await live_sandbox_ids(sandbox_home) == set()
 
     asyncio.run(main())
+
+
+def test_stop_deletes_unclaimed_members_and_keeps_claimed_sandboxes(sandbox_home):
+    """A server stopping leaves its users' sandboxes for the next start, but not its unclaimed members."""
+    async def main():
+        service = SandboxService.embedded(sandbox_home, pools=[PoolSpec(name="p", min_ready=2)], ephemeral=False)
+        await service.start()
+        await until(lambda: service.pools.status()[0].idle == 2, what="the pool filling")
+        claimed = await service.create(SandboxSpec())
+        await until(lambda: service.pools.status()[0].idle == 2, what="the refill")
+        await service.stop()
+        assert await live_sandbox_ids(sandbox_home) == {claimed.id}
+        again = SandboxService.embedded(sandbox_home, ephemeral=False)
+        assert (await again.start()).adopted == [claimed.id]
+        await again.stop(delete_all=True)
+        assert await live_sandbox_ids(sandbox_home) == set()
+
+    asyncio.run(main())
+
+
+def test_orchard_serve_pools_file_and_the_rest_surface(sandbox_home, monkeypatch):
+    """`orchard serve --pools FILE` (here through ORCHARD_POOLS), a remote client's create claimed from it,
+    GET /v1/pools, PUT /v1/pools to change the template."""
+    import httpx
+
+    from orchard.sandbox.client import AsyncOrchard
+    from tests.running_server import running_server
+
+    pools_file = sandbox_home / "pools.yaml"
+    pools_file.write_text("pools:\n  - name: web\n    min_ready: 1\n    spec: {workdir: /srv}\n")
+    monkeypatch.setenv("ORCHARD_POOLS", str(pools_file))
+    with running_server(sandbox_home, api_key="pool-key") as server:
+        async def main():
+            async with AsyncOrchard(server.url, "pool-key") as orch:
+                deadline = time.monotonic() + 30
+                while (await orch.pool_status())[0].idle < 1:
+                    assert time.monotonic() < deadline, "the server's pool never filled"
+                    await asyncio.sleep(0.05)
+                sandbox = await orch.create(workdir="/srv", env={"WHO": "remote"}, labels={"t": "1"})
+                info = await orch.get(sandbox.id)
+                assert info.pool.claimed and info.pool.name == "web" and info.owner == "default"
+                assert (await sandbox.exec("echo $WHO; pwd")).stdout == "remote\n/srv\n"
+                assert [i.id for i in await orch.list()] == [sandbox.id]
+                cold = await orch.create(workdir="/other", pool="web")
+                assert "workdir" in (await orch.get(cold.id)).pool.fallback_reason
+                async with httpx.AsyncClient(base_url=server.url,
+                                             headers={"Authorization": "Bearer pool-key"}) as http:
+                    answer = await http.put("/v1/pools", json={"pools": [{"name": "web", "min_ready": 0}]})
+                    assert answer.status_code == 200, answer.text
+                    assert answer.json()["pools"][0]["idle"] == 0
+                    bad = await http.put("/v1/pools", json={"pools": [{"name": "web", "spec": {"env": {"A": "1"}}}]})
+                    assert bad.status_code == 422 or bad.status_code == 400
+                deadline = time.monotonic() + 30
+                while len(await live_sandbox_ids(sandbox_home)) != 2:  # the old member is deleted
+                    assert time.monotonic() < deadline, "the old template's member was not deleted"
+                    await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+
+
+def test_embedded_sdk_pool_option(sandbox_home):
+    """`Orchard(pool=...)`: the sync SDK's in-process orchestrator runs the pool; its creates are claimed."""
+    from orchard.sandbox.client import Orchard
+
+    with Orchard(home=sandbox_home, pool={"name": "sdk", "min_ready": 1}) as orch:
+        deadline = time.monotonic() + 30
+        while orch.pool_status()[0].idle < 1:
+            assert time.monotonic() < deadline, "the pool never filled"
+            time.sleep(0.02)
+        with orch.create(env={"X": "y"}) as sandbox:
+            assert orch.get(sandbox.id).pool.claimed
+            assert sandbox.exec("echo $X").stdout == "y\n"
+    with pytest.raises(InvalidRequest, match="invalid pool"):
+        Orchard(home=sandbox_home, pool={"name": "Bad Name"})
+    assert asyncio.run(live_sandbox_ids(sandbox_home)) == set()

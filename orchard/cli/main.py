@@ -54,6 +54,16 @@ def main(version: Annotated[bool, typer.Option(
     """Orchard: sandboxes for LLM agents, one trajectory schema, training recipes."""
 
 
+def _pools_file(path: Path):
+    """`--pools FILE` as a PoolsConfig, with errors that name the file."""
+    from orchard.core.pool import PoolsConfig
+    from orchard.util.config_files import read_config_file
+
+    try:
+        return PoolsConfig.model_validate(read_config_file(path, "pools file"))
+    except ValidationError as exc:
+        raise InvalidRequest(f"pools file {path}: {describe_validation_errors(exc, 'pools')}") from None
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 for every interface.")] = "127.0.0.1",
@@ -116,6 +126,10 @@ def serve(
     create_wait_s: Annotated[float, typer.Option(
         envvar="ORCHARD_CREATE_WAIT_S", show_envvar=True, min=0,
         help="How long a create over a cap waits for a place before it is refused with 429.")] = 10.0,
+    pools: Annotated[Optional[Path], typer.Option(
+        envvar="ORCHARD_POOLS", show_envvar=True,
+        help="Warm pools of pre-started sandboxes: a YAML or JSON file `pools: [{name, spec, min_ready, ...}]` "
+             "(docs/pools.md). A create whose spec has a pool's template is claimed from it.")] = None,
 ) -> None:
     """Run the Orchard server: the REST API that creates, lists and deletes sandboxes (docs at /docs).
 
@@ -139,6 +153,7 @@ def serve(
             "timeout_s": max_timeout_s})
         caps = CreateCaps(max_sandboxes=max_sandboxes, max_sandboxes_per_owner=max_sandboxes_per_owner,
                           max_creates_per_s=max_creates_per_s, create_burst=create_burst, wait_s=create_wait_s)
+        pools_config = _pools_file(pools) if pools is not None else None
     except OrchardError as exc:
         fail(str(exc), code=2)
     except ValidationError as exc:
@@ -155,7 +170,7 @@ def serve(
                   "set ORCHARD_API_KEY or pass --api-key-file to choose one.[/]")
     try:
         run_server(host=host, port=port, backend=config, api_key=key, home=home, log_level=log_level,
-                   limits=limits, caps=caps)
+                   limits=limits, caps=caps, pools=pools_config)
     except OrchardError as exc:
         fail(str(exc))
 

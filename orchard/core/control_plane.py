@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from orchard.core.pool import PoolStatus
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
 
 
@@ -14,11 +15,14 @@ class ControlPlane(Protocol):
 
     description: str
 
-    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> SandboxInfo:
+    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None,
+                     pool: str | None = None) -> SandboxInfo:
         """A ready sandbox. The same `idempotency_key` again answers with the same sandbox (see
-        docs/orchestrator.md); retries of the call itself reuse one key."""
+        docs/orchestrator.md); retries of the call itself reuse one key. `pool`: claim from that warm pool
+        (by default from the pool whose template the spec has, if any; see docs/pools.md)."""
         ...
 
+    async def pool_status(self) -> list[PoolStatus]: ...
     async def get(self, sandbox_id: str) -> SandboxInfo: ...
     async def list(self, *, owner: str | None = None,
                    labels: dict[str, str] | None = None) -> list[SandboxInfo]: ...

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from orchard.core.backend import BackendConfig
 from orchard.core.control_plane import ControlPlane
 from orchard.core.errors import InvalidRequest, NotFound, OrchardError, SandboxLost, describe_validation_errors
+from orchard.core.pool import PoolStatus
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
 from orchard.sandbox import exit_cleanup
 from orchard.sandbox.agent_client import AgentSandbox
@@ -50,11 +51,14 @@ class AsyncOrchard:
     ($ORCHARD_HOME, default ~/.orchard), on `backend` (a `BackendConfig` or a backend's name, default
     the local backend); otherwise talks to the server at `url` with `api_key` (default ORCHARD_API_KEY),
     whose backend is the server's choice. `caps` (a `CreateCaps` or its fields as a dict): the in-process
-    orchestrator's hard caps on live sandboxes and create rate. Use as `async with`, or call `close()`."""
+    orchestrator's hard caps on live sandboxes and create rate. `pool` (a `PoolSpec`, a list of them, or
+    their fields as dicts): the in-process orchestrator's warm pools (docs/pools.md). Use as `async with`,
+    or call `close()`."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  home: str | Path | None = None, timeout: float = 300.0,
-                 backend: BackendConfig | str | None = None, caps: Any = None, _guard_exit: bool = True) -> None:
+                 backend: BackendConfig | str | None = None, caps: Any = None, pool: Any = None,
+                 _guard_exit: bool = True) -> None:
         self.url = url or os.environ.get("ORCHARD_URL") or None
         if self.url:
             if backend is not None:
@@ -63,10 +67,13 @@ class AsyncOrchard:
             if caps is not None:
                 raise InvalidRequest("caps= sets an in-process orchestrator's caps; a server at "
                                      f"{self.url} has its own (`orchard serve --max-sandboxes ...`): drop caps=")
+            if pool is not None:
+                raise InvalidRequest("pool= sets an in-process orchestrator's warm pools; a server at "
+                                     f"{self.url} has its own (`orchard serve --pools FILE`): drop pool=")
             key = api_key or os.environ.get("ORCHARD_API_KEY") or None
             self._control: ControlPlane = RemoteControlPlane(self.url, key, timeout=timeout)
         else:
-            self._control = EmbeddedControlPlane(home, backend, caps=caps)
+            self._control = EmbeddedControlPlane(home, backend, caps=caps, pools=pool)
         self._created: dict[str, AgentSandbox] = {}
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -84,17 +91,21 @@ class AsyncOrchard:
         return f"AsyncOrchard({self._control.description}, {len(self._created)} sandboxes open)"
 
     async def create(self, spec: SandboxSpec | None = None, *, detach: bool = False,
-                     idempotency_key: str | None = None, **spec_fields: Any) -> AgentSandbox:
+                     idempotency_key: str | None = None, pool: str | None = None,
+                     **spec_fields: Any) -> AgentSandbox:
         """Create a sandbox (`spec_fields` override `spec`) and return it once ready. Its `close()`
         deletes it, and closing this client deletes it too, unless `detach`: then it lives on until its
         `timeout_s` or a `delete()` (only with a server; embedded sandboxes die with this process).
         `idempotency_key`: creating again with the same key returns the same sandbox, never a second one
-        (a different spec with it is refused); this client's own retries always reuse one key."""
+        (a different spec with it is refused); this client's own retries always reuse one key. A spec
+        with a warm pool's template is claimed from that pool (`pool`: from the pool of that name);
+        `(await orch.get(sandbox.id)).pool` says whether it was (docs/pools.md)."""
         await self._ready()
         if detach and self.embedded:
             raise InvalidRequest("a detached sandbox must outlive this process, so it needs an Orchard server: "
                                  "start one with `orchard serve` and pass its URL (or set ORCHARD_URL)")
-        info = await self._control.create(_spec_from(spec, spec_fields), idempotency_key=idempotency_key)
+        info = await self._control.create(_spec_from(spec, spec_fields), idempotency_key=idempotency_key,
+                                          pool=pool)
         try:
             sandbox = self._attach(info, owned=not detach)
         except BaseException:
@@ -112,6 +123,11 @@ class AsyncOrchard:
         if info.state == "creating":
             info = await self._control.wait_ready(sandbox_id)
         return self._attach(info, owned=False)
+
+    async def pool_status(self) -> list[PoolStatus]:
+        """The orchestrator's warm pools now: members idle and starting, claims, misses (docs/pools.md)."""
+        await self._ready()
+        return await self._control.pool_status()
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         await self._ready()
@@ -242,9 +258,9 @@ class Orchard:
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  home: str | Path | None = None, timeout: float = 300.0,
-                 backend: BackendConfig | str | None = None, caps: Any = None) -> None:
+                 backend: BackendConfig | str | None = None, caps: Any = None, pool: Any = None) -> None:
         self._loop = LoopThread.shared()  # one loop for every sync object, as in orchard/sandbox/sync.py
-        self._async = AsyncOrchard(url, api_key, home=home, timeout=timeout, backend=backend, caps=caps,
+        self._async = AsyncOrchard(url, api_key, home=home, timeout=timeout, backend=backend, caps=caps, pool=pool,
                                    _guard_exit=False)
         self._closed = False
         # Registered here, on the caller's thread, since the async client's close runs on the loop thread.
@@ -263,10 +279,14 @@ class Orchard:
         return repr(self._async).replace("AsyncOrchard", "Orchard", 1)
 
     def create(self, spec: SandboxSpec | None = None, *, detach: bool = False,
-               idempotency_key: str | None = None, **spec_fields: Any) -> SyncSandbox:
+               idempotency_key: str | None = None, pool: str | None = None, **spec_fields: Any) -> SyncSandbox:
         """See `AsyncOrchard.create`."""
         return SyncSandbox(self._loop.run(self._async.create(spec, detach=detach, idempotency_key=idempotency_key,
-                                                             **spec_fields)), self._loop)
+                                                             pool=pool, **spec_fields)), self._loop)
+
+    def pool_status(self) -> list[PoolStatus]:
+        """See `AsyncOrchard.pool_status`."""
+        return self._loop.run(self._async.pool_status())
 
     def connect(self, sandbox_id: str) -> SyncSandbox:
         return SyncSandbox(self._loop.run(self._async.connect(sandbox_id)), self._loop)

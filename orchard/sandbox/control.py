@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -19,6 +19,7 @@ from orchard.core.backend import BackendConfig
 from orchard.core.errors import (AuthError, BackendError, CapacityExceeded, IdempotencyConflict, InvalidRequest,
                                  NotFound, OrchardError, PayloadTooLarge, SandboxLost, describe_validation_errors,
                                  error_from_code)
+from orchard.core.pool import PoolSpec, PoolsConfig, PoolStatus, PoolStatusList
 from orchard.core.sandbox import SandboxInfo, SandboxList, SandboxSpec
 
 if TYPE_CHECKING:
@@ -31,8 +32,9 @@ class EmbeddedControlPlane:
     deletes every sandbox it runs, because nothing would be left to reap them once this process is gone."""
 
     def __init__(self, home: str | Path | None = None, backend: BackendConfig | str | None = None, *,
-                 caps: CreateCaps | dict | None = None) -> None:
+                 caps: CreateCaps | dict | None = None, pools: Any = None) -> None:
         self.home = Path(home) if home is not None else None
+        self.pools = _pools(pools)
         self.backend = backend
         self.caps = _caps(caps)
         name = backend if isinstance(backend, str) else backend.backend if backend is not None else "local"
@@ -53,13 +55,18 @@ class EmbeddedControlPlane:
                 # Imported here so that a remote-only client never loads the server and backend code.
                 from orchard.sandbox.server.service import SandboxService
 
-                service = SandboxService.embedded(self.home, backend=self.backend, caps=self.caps)
+                service = SandboxService.embedded(self.home, backend=self.backend, caps=self.caps,
+                                                  pools=self.pools)
                 await service.start()
                 self._service = service
         return self._service
 
-    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> SandboxInfo:
-        return await (await self._started()).create(spec, idempotency_key=idempotency_key)
+    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None,
+                     pool: str | None = None) -> SandboxInfo:
+        return await (await self._started()).create(spec, idempotency_key=idempotency_key, pool=pool)
+
+    async def pool_status(self) -> list[PoolStatus]:
+        return (await self._started()).pools.status()
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         return await (await self._started()).get(sandbox_id)
@@ -116,6 +123,24 @@ class _Retryable(Exception):
         self.error = error
 
 
+def _pools(pools: Any) -> list[PoolSpec]:
+    """Warm pools in any shape a user may give them: a PoolSpec, a list of them (or of their fields as dicts),
+    a PoolsConfig or its dict."""
+    if pools is None:
+        return []
+    try:
+        if isinstance(pools, PoolsConfig):
+            return list(pools.pools)
+        if isinstance(pools, (PoolSpec, dict)) and not (isinstance(pools, dict) and "pools" in pools):
+            pools = [pools]
+        if isinstance(pools, dict):
+            return list(PoolsConfig.model_validate(pools).pools)
+        return list(PoolsConfig.model_validate({"pools": [p.model_dump() if isinstance(p, PoolSpec) else p
+                                                          for p in pools]}).pools)
+    except ValidationError as exc:
+        raise InvalidRequest(f"invalid pool: {describe_validation_errors(exc, 'pool')}") from exc
+
+
 def _caps(caps: "CreateCaps | dict | None") -> "CreateCaps | None":
     if caps is None:
         return None
@@ -143,20 +168,25 @@ class RemoteControlPlane:
             base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
             transport=httpx.AsyncHTTPTransport(retries=CONNECT_RETRIES))
 
-    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None) -> SandboxInfo:
+    async def create(self, spec: SandboxSpec, *, idempotency_key: str | None = None,
+                     pool: str | None = None) -> SandboxInfo:
         """Retried on a broken connection or no answer, always with one idempotency key (a new one unless
         given), so that a retry never makes a second sandbox."""
         headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
         body = spec.model_dump(mode="json")
         for attempt in range(1, CREATE_RETRIES + 1):
             try:
-                response = await self._request("POST", "/v1/sandboxes", json=body, headers=headers)
+                response = await self._request("POST", "/v1/sandboxes", json=body, headers=headers,
+                                               params={"pool": pool} if pool is not None else None)
                 return self._parse(SandboxInfo, response)
             except _Retryable as exc:
                 if attempt == CREATE_RETRIES:
                     raise exc.error from exc.__cause__
                 await asyncio.sleep(CREATE_RETRY_BACKOFF_S * attempt)
         raise AssertionError("unreachable")
+
+    async def pool_status(self) -> list[PoolStatus]:
+        return self._parse(PoolStatusList, await self._request("GET", "/v1/pools")).pools
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         return self._parse(SandboxInfo, await self._request("GET", f"/v1/sandboxes/{_quoted(sandbox_id)}"))

@@ -13,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from orchard import __version__
 from orchard.core.errors import AuthError, InvalidRequest
+from orchard.core.pool import PoolsConfig, PoolStatusList
 from orchard.core.sandbox import SandboxInfo, SandboxList, SandboxSpec
 from orchard.sandbox.server.admission import MAX_IDEMPOTENCY_KEY_CHARS, CapsStats
 from orchard.sandbox.server.http_errors import ERROR_RESPONSES
@@ -65,10 +66,26 @@ def create_app(service: SandboxService, api_key: str, *, key_name: str = DEFAULT
                 default=None, alias="Idempotency-Key", min_length=1, max_length=MAX_IDEMPOTENCY_KEY_CHARS,
                 description="the same key again (same owner) answers with the same sandbox instead of a new "
                             "one, waiting for it while it is created; with another spec it is refused (409)"),
+            pool: str | None = Query(default=None, max_length=63,
+                                     description="claim from this warm pool (default: the pool whose template "
+                                                 "the spec has, if any)"),
     ) -> SandboxInfo:
         """Create a sandbox; returns once it is ready, with its `agent_url` and `token`. Over one of the
-        orchestrator's caps it waits a bounded time for a place, then answers 429."""
-        return await service.create(spec, owner=owner or key_name, idempotency_key=idempotency_key)
+        orchestrator's caps it waits a bounded time for a place, then answers 429. A spec with a warm
+        pool's template is claimed from it (no start); `pool` in the answer says whether it was."""
+        return await service.create(spec, owner=owner or key_name, idempotency_key=idempotency_key, pool=pool)
+
+    @v1.get("/pools", response_model=PoolStatusList)
+    async def list_pools() -> PoolStatusList:
+        """The warm pools: their templates, members idle and starting, claims and misses."""
+        return PoolStatusList(pools=service.pools.status())
+
+    @v1.put("/pools", response_model=PoolStatusList)
+    async def configure_pools(config: PoolsConfig) -> PoolStatusList:
+        """Run these pools from now on (the same shape as `orchard serve --pools FILE`). A pool whose
+        template changed, or that is left out, has its unclaimed members deleted, never handed out."""
+        service.pools.configure(config)
+        return PoolStatusList(pools=service.pools.status())
 
     @v1.get("/stats", response_model=CapsStats)
     async def stats() -> CapsStats:

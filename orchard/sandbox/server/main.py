@@ -7,6 +7,7 @@ from pathlib import Path
 import uvicorn
 
 from orchard.core.backend import BackendConfig
+from orchard.core.pool import PoolsConfig
 from orchard.core.errors import InvalidRequest
 from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server.admission import CreateCaps
@@ -20,12 +21,14 @@ from orchard.util.logs import log_to_stderr
 
 def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | str = "local", api_key: str | None = None,
           home: str | Path | None = None, *, reap_interval_s: float = 2.0, log_level: str = "info",
-          limits: SpecLimits | None = None, caps: CreateCaps | None = None) -> None:
+          limits: SpecLimits | None = None, caps: CreateCaps | None = None,
+          pools: PoolsConfig | None = None) -> None:
     """Serve until SIGINT/SIGTERM. State lives under `home` (default `$ORCHARD_HOME`, else `~/.orchard`);
     sandboxes outlive the server and are re-adopted by the next one on the same home. `limits`: the most a
     spec may ask for (default: this machine's, overridable by ORCHARD_MAX_*; see spec_limits.py). `backend`:
     a config, or a backend's name with its defaults (see orchard/sandbox/backends/registry.py). `caps`: the
-    most live sandboxes in all and per owner, and the create rate (see admission.py; default none)."""
+    most live sandboxes in all and per owner, and the create rate (see admission.py; default none).
+    `pools`: warm pools of pre-started sandboxes (see pools.py, docs/pools.md)."""
     if not api_key:
         raise InvalidRequest("an API key is required: clients must send 'Authorization: Bearer <api key>'")
     log_to_stderr(log_level)
@@ -34,6 +37,6 @@ def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | st
     if limits is None:
         limits = spec_limits(config, home)
     service = SandboxService(create_backend(config), SandboxStore(state_db_path(home)), reap_interval_s=reap_interval_s,
-                             limits=limits, caps=caps)
+                             limits=limits, caps=caps, pools=pools)
     app = create_app(service, api_key)
     uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10)
