@@ -34,7 +34,7 @@ def test_bundle_is_self_contained_and_pruned(bundle_cache):
     assert size < 80 << 20, f"bundle is {size >> 20} MiB"
     # Runs from wherever it is, with an empty environment, through its own loader.
     argv = bundle.launch_argv("unix:/unused", "/", mount_point=str(root))
-    argv = argv[:argv.index("-m")] + ["-c", "import sys; print(sys.prefix)"]
+    argv = argv[:argv.index("-c")] + ["-c", "import sys; print(sys.prefix)"]
     out = subprocess.run(argv, env=bundle.launch_env(mount_point=str(root)), capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == str(root / m.home)

@@ -457,3 +457,21 @@ def test_an_agent_that_cannot_take_its_identity_refuses_to_serve(bundle_cache, t
                            env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "cannot become uid" in r.stderr and r.stdout == "", r
         assert not (tmp_path / "a.sock").exists()
+
+
+async def test_modules_the_workload_drops_in_its_workdir_never_run_in_the_agent(backend):
+    """The agent imports some standard modules only when first needed (tempfile for a file write, tarfile
+    for a directory download, traceback on a failure). The workload writes modules of those names into
+    the workdir, the directory the agent's interpreter started in, before any of them was imported:
+    the agent still imports the standard library's, and none of the workload's code runs in it."""
+    async with running(backend) as (_, agent):
+        plant = ("for m in tempfile shutil tarfile traceback; do "
+                 "echo \"open('/tmp/hijacked-$m', 'w').write('x')\" > $m.py; done; "
+                 "mkdir -p tree && echo leaf > tree/leaf")
+        assert (await agent.exec(plant)).ok
+        await agent.write_file("written.txt", b"by the agent")
+        with tempfile.TemporaryDirectory() as local:
+            await agent.download("tree", Path(local) / "tree")
+            assert (Path(local) / "tree" / "leaf").read_bytes() == b"leaf\n"
+        r = await agent.exec("ls /tmp; cat written.txt")
+        assert "hijacked" not in r.stdout and r.stdout.endswith("by the agent"), r

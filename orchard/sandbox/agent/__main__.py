@@ -11,10 +11,14 @@ the commands'); see pidns.py.
 
 The token comes from ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN; both, and the
 PYTHONHOME/PYTHONPATH the agent was started with, are removed from the environment its children get. Once
-listening it prints `READY <address>` (with the bound port for tcp:...:0) and nothing else on stdout."""
+listening it prints `READY <address>` (with the bound port for tcp:...:0) and nothing else on stdout.
+
+Backends start it with `-c` (orchard/sandbox/bundle.py, `agent_launcher`), which skips runpy; either
+way the directory it started in is taken off sys.path first (`_drop_start_dir`)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -97,7 +101,25 @@ def parse_args(argv):
             options["--init-user"], options["--gateway"])
 
 
+def _drop_start_dir():
+    """`python -m` and `-c` put the directory the interpreter started in (as itself, or as '') first on
+    sys.path. In a sandbox that is the workdir, which the workload writes: the agent's later imports
+    (tempfile, tarfile, traceback, ...) would run the workload's modules of those names inside the agent.
+    The agent's own package is imported already, so nothing else is needed from there."""
+    if not sys.path:
+        return
+    try:
+        start = os.getcwd()
+    except OSError:
+        start = None
+    if sys.path[0] == "" or (start is not None and os.path.abspath(sys.path[0]) == start):
+        del sys.path[0]
+
+
 def main(argv=None):
+    _drop_start_dir()
+    # The start allocates many objects and frees few: no collection is worth its time until serving.
+    gc.disable()
     listen, workdir_arg, user, agent_user, init_user, gateway = parse_args(sys.argv[1:] if argv is None else argv)
 
     token = _read_token()  # first: once the agent has its identity, the token file is no longer readable
@@ -150,6 +172,7 @@ def main(argv=None):
 
     # SIGTERM ends serve_forever through SystemExit, so the finally below still cleans up.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    gc.enable()
     try:
         sys.stdout.write("READY %s\n" % server.address_text)
         sys.stdout.flush()

@@ -141,7 +141,7 @@ class _Spawner:
     def __init__(self, init_user: str, own_uid: bool):
         import _thread
         import threading
-        from queue import SimpleQueue
+        from _queue import SimpleQueue  # the C type itself: queue.py's import is not needed
 
         self.jobs = SimpleQueue()
         self.error = None
