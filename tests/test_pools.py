@@ -366,3 +366,31 @@ def test_embedded_sdk_pool_option(sandbox_home):
     with pytest.raises(InvalidRequest, match="invalid pool"):
         Orchard(home=sandbox_home, pool={"name": "Bad Name"})
     assert asyncio.run(live_sandbox_ids(sandbox_home)) == set()
+
+
+@pytest.mark.slow
+def test_orchard_eval_pool_claims_task_sandboxes(sandbox_home, tmp_path, monkeypatch):
+    """`run_eval(pool=2)` (`orchard eval --pool 2`): the oracle resolves two swe-mini tasks, their sandboxes
+    (agent's and grader's) claimed from the run's pools, and nothing is left running."""
+    from orchard.eval.models import eval_gateway_config
+    from orchard.eval.runner import run_eval
+    from orchard.sandbox.server.home import state_db_path
+    from orchard.sandbox.server.store import SandboxStore
+
+    monkeypatch.setenv("ORCHARD_HOME", str(sandbox_home))
+    monkeypatch.delenv("ORCHARD_URL", raising=False)
+    tasks = ["orchard__pagekit-112", "orchard__logstamp-57"]
+    results = asyncio.run(run_eval(harness="react", model="oracle", suite="swe-mini", out_dir=tmp_path / "run",
+                                   gateway_config=eval_gateway_config("oracle"), task_ids=tasks, parallel=2, pool=2))
+    assert results.summary.resolve_rate == 1.0 and results.summary.errors == 0
+    assert asyncio.run(live_sandbox_ids(sandbox_home)) == set()
+    store = SandboxStore(state_db_path(sandbox_home))
+    try:
+        used = [r.info for r in store.list(states=("deleted",)) if r.info.pool and not r.info.pool.idle]
+    finally:
+        store.close()
+    assert sum(info.pool.claimed for info in used) >= 2, [info.pool for info in used]
+    with pytest.raises(InvalidRequest, match="--pool"):
+        asyncio.run(run_eval(harness="react", model="oracle", suite="swe-mini", out_dir=tmp_path / "remote",
+                             gateway_config=eval_gateway_config("oracle"), task_ids=tasks,
+                             orchard_url="http://127.0.0.1:9", pool=2))

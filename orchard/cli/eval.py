@@ -77,6 +77,9 @@ def eval_command(
         "--allow-errors", help="Exit 0 even when some rollouts ended in an error.")] = False,
     url: UrlOption = None,
     backend: BackendOption = None,
+    pool: Annotated[int, typer.Option(
+        "--pool", min=0, help="Keep N sandboxes of each task template started, so trials claim them instead of "
+                              "starting cold (the run's own orchestrator only; see docs/pools.md).")] = 0,
 ) -> None:
     """Evaluate HARNESS with MODEL on SUITE: one trial per task (sandbox, harness, patch, grading in a fresh
     sandbox).
@@ -112,7 +115,7 @@ def eval_command(
                 harness=harness, model=model, suite=suite, out_dir=target, gateway_config=config,
                 task_ids=_split(tasks), parallel=parallel, harness_options=options,
                 sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), timeouts=timeouts,
-                orchard_url=url, backend=backend, listener=listener))
+                orchard_url=url, backend=backend, listener=listener, pool=pool))
     except OrchardError as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from datetime import datetime, timezone
@@ -29,6 +30,7 @@ from orchard.core.errors import InvalidRequest
 from orchard.core.harness import Harness, SamplingParams, get_harness
 from orchard.core.harness_bundle import get_bundle_spec
 from orchard.core.jsonl import write_jsonl
+from orchard.core.pool import PoolSpec
 from orchard.core.sandbox import SandboxFactory
 from orchard.core.task import Task
 from orchard.core.task_suite import TaskSuite
@@ -36,6 +38,7 @@ from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
 from orchard.eval.in_sandbox import (backend_for_run, ensure_run_bundle, gateway_host, harness_bundle,
                                      with_run_gateway)
 from orchard.eval.local_gateway import LocalGateway
+from orchard.eval.pools import eval_pools
 from orchard.eval.partial import CALLS_FILE, read_calls, trajectory_from_calls
 from orchard.eval.results import (
     TRAJECTORIES_FILE,
@@ -93,14 +96,16 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
                    harness_options: dict[str, Any] | None = None, sampling: SamplingParams | None = None,
                    timeouts: TrialTimeouts | None = None, task_timeout_s: float | None = None,
                    orchard_url: str | None = None, orchard_client: SandboxFactory | None = None,
-                   backend: BackendConfig | str | None = None, listener: EvalListener | None = None) -> EvalResults:
+                   backend: BackendConfig | str | None = None, listener: EvalListener | None = None,
+                   pool: int = 0) -> EvalResults:
     """Evaluate and return the results (also in `out_dir`). Everything a user can get wrong (unknown
     harness, suite or task, an output directory holding another configuration or a file) is refused
     before anything is written. `gateway_config` says which models the run's gateway serves (see
     `orchard.eval.models`). `timeouts` are the trials' limits; `task_timeout_s` sets only the agent's.
     Sandboxes come from `orchard_client` when given (it stays open), else from a client of its own:
     embedded on `backend` (a config or a backend's name; default local), or the server at `orchard_url` /
-    ORCHARD_URL."""
+    ORCHARD_URL. `pool`: keep this many sandboxes of each task template started in the run's own
+    orchestrator (embedded only; a server's pools are its own, `orchard serve --pools`)."""
     if parallel < 1:
         raise InvalidRequest(f"parallel must be at least 1, got {parallel}")
     out = Path(out_dir)
@@ -130,7 +135,14 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
                              "Orchard; its results cannot be resumed safely. Choose another --out")
     if previous_config is not None:
         check_same_config(previous_config, settings.config(), out)
+    if pool < 0:
+        raise InvalidRequest(f"pool must be 0 or more, got {pool}")
+    if pool and (orchard_client is not None or orchard_url or os.environ.get("ORCHARD_URL")):
+        raise InvalidRequest("--pool keeps warm sandboxes in the run's own (in-process) orchestrator; a server's "
+                             "pools are its own: start it with `orchard serve --pools FILE` (docs/pools.md), or "
+                             "drop --pool")
     run = _Run(agent, tasks, out, settings, previous, listener)
+    run.pools = eval_pools(tasks, pool, bundle)
     return await run.execute(gateway_config, parallel, orchard_url, orchard_client, backend)
 
 
@@ -147,6 +159,7 @@ class _Run:
             settings.task_ids = list(dict.fromkeys(previous.settings.task_ids + settings.task_ids))
         self.settings = settings
         self.trajectories = read_trajectories(out)
+        self.pools: list[PoolSpec] = []  # warm pools for the run's own orchestrator (--pool)
 
     def _recover_interrupted(self) -> None:
         """Record every rollout that has checkpointed calls but no trajectory (the run was stopped while it
@@ -210,7 +223,8 @@ class _Run:
             if bundle:
                 backend = with_run_gateway(backend, gateway)
             async with contextlib.AsyncExitStack() as stack:
-                orch = orchard_client or await stack.enter_async_context(AsyncOrchard(orchard_url, backend=backend))
+                orch = orchard_client or await stack.enter_async_context(
+                    AsyncOrchard(orchard_url, backend=backend, pool=self.pools or None))
                 rig = TrialRig(harness=self.harness, model=self.settings.model, sampling=self.settings.sampling,
                                timeouts=self.settings.timeouts, orch=orch, gateway=gateway,
                                agent_slots=asyncio.Semaphore(parallel), grading_slots=asyncio.Semaphore(parallel),
