@@ -1,5 +1,6 @@
-"""Measurement 2: create → ready, one sandbox at a time, against the floor of starting a Python HTTP
-server process (no isolation) and getting its first answer."""
+"""Measurement 2: create → ready, one sandbox at a time, against bubblewrap alone (the same sandbox's bwrap
+running `true`: the floor of isolation) and the floor of starting a Python HTTP server process (no
+isolation) and getting its first answer."""
 
 from __future__ import annotations
 
@@ -11,17 +12,20 @@ from rich.progress import Progress
 from bench.measurement import BenchContext, Measurement
 from bench.orchard_clients import embedded_orchard
 from bench.peers.bare_agent import agent_bundle, time_bare_agent_start
+from bench.peers.bwrap_alone import time_bwrap_true
 from bench.peers.floor import floor_server
 from bench.results_model import Findings, Row, Target, ratio
 from bench.stats import LatencyStats
 from orchard.sandbox.backends import local_netns
 
 CREATE_P50_MS = 60.0
+VS_BWRAP_MAX = 3.0  # issue 13: cold create→ready within 3× bubblewrap alone
 ORCHARD_CREATE, ORCHARD_DELETE = "Orchard create→ready", "Orchard delete"
 ALLOWLIST_CREATE = "Orchard create→ready, network allowlist"
 # A documentation address: nothing is reached, only the veth pair and the rules are made.
 ALLOWLIST = {"mode": "allowlist", "allow": ["198.51.100.7:80"]}
 FLOOR_START, BARE_AGENT = "floor process start", "agent alone (no sandbox)"
+BWRAP_ALONE = "bubblewrap alone (`true`)"
 
 
 def _time_floor_start() -> float:
@@ -57,6 +61,7 @@ def run(ctx: BenchContext) -> Findings:
     deletes: list[float] = []
     floor_starts: list[float] = []
     bare_agent_starts: list[float] = []
+    bwrap_runs: list[float] = []
     with (agent_bundle() as bundle, embedded_orchard() as orchard,
           Progress(console=ctx.console, transient=True) as progress):
         task = progress.add_task(f"create→ready × {count}", total=warmup + count)
@@ -64,19 +69,27 @@ def run(ctx: BenchContext) -> Findings:
             created, deleted = _time_create(orchard)
             allowlisted, _ = _time_create(orchard, network=ALLOWLIST) if with_allowlist else (0.0, 0.0)
             floor_start, bare_agent_start = _time_floor_start(), time_bare_agent_start(bundle)
+            bwrap_run = time_bwrap_true(bundle)
             if index >= warmup:
                 creates.append(created)
                 deletes.append(deleted)
                 allowlist_creates.append(allowlisted)
                 floor_starts.append(floor_start)
                 bare_agent_starts.append(bare_agent_start)
+                bwrap_runs.append(bwrap_run)
             progress.update(task, advance=1)
     stats = {ORCHARD_CREATE: LatencyStats.from_seconds(creates),
              ORCHARD_DELETE: LatencyStats.from_seconds(deletes),
              FLOOR_START: LatencyStats.from_seconds(floor_starts),
-             BARE_AGENT: LatencyStats.from_seconds(bare_agent_starts)}
+             BARE_AGENT: LatencyStats.from_seconds(bare_agent_starts),
+             BWRAP_ALONE: LatencyStats.from_seconds(bwrap_runs)}
     create, floor, bare = stats[ORCHARD_CREATE], stats[FLOOR_START], stats[BARE_AGENT]
+    bwrap = stats[BWRAP_ALONE]
     rows = [
+        Row(metric="create→ready p50 vs bubblewrap alone", unit="ms", ours=create.p50_ms,
+            peers={BWRAP_ALONE: bwrap.p50_ms},
+            ratios={"orchard/bwrap": ratio(create.p50_ms, bwrap.p50_ms)},
+            targets=[Target(on="orchard/bwrap", op="<=", limit=VS_BWRAP_MAX)]),
         Row(metric="create→ready p50", unit="ms", ours=create.p50_ms,
             peers={FLOOR_START: floor.p50_ms, BARE_AGENT: bare.p50_ms},
             ratios={"orchard/floor_start": ratio(create.p50_ms, floor.p50_ms),
@@ -98,6 +111,10 @@ def run(ctx: BenchContext) -> Findings:
         "agent's interpreter start and its first `/health`.",
         "The floor starts the project's interpreter with no sandbox around it (`python -m "
         "bench.peers.floor_server`) and waits for its first HTTP answer.",
+        "Bubblewrap alone is `bwrap` with the arguments a default sandbox gets (the same binds, namespaces, "
+        "user id map and capabilities; as root the id maps written while it waits, as the backend does) "
+        "running `true`, from spawn to exit: what isolation costs with no agent, no cgroups and no "
+        "bookkeeping (bench/peers/bwrap_alone.py).",
         "The agent alone is Orchard's agent, from the same bundle, started straight on the host (no "
         "namespaces, no orchestrator) until its first `/health` answer: the difference to create→ready is "
         "what the sandbox and the orchestrator's bookkeeping add.",
@@ -115,7 +132,7 @@ MEASUREMENT = Measurement(
     title="Sandbox create → ready",
     method=("Sandboxes created one at a time with the sync SDK (`orchard.create()`), 30 after 3 warm-ups; "
             "each runs `true` once (to prove it is usable) and is deleted before the next; creation and "
-            "deletion are timed separately. Between two creations, the floor server and the bare agent are "
-            "each started and stopped once; as root, one sandbox with network `allowlist` is created too."),
+            "deletion are timed separately. Between two creations, the floor server, the bare agent and "
+            "bubblewrap alone are each started and stopped once; as root, one sandbox with network `allowlist` is created too."),
     run=run,
 )

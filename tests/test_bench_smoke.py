@@ -149,3 +149,17 @@ def test_cli_refuses_an_unknown_measurement_name():
                                  "rl_step_time", "sft_throughput", "model_network",
                                  "oci_import", "harness_bundles", "parallel_harnesses", "kimi_cli",
                                  "openhands"}
+
+
+def test_bubblewrap_alone_runs_true_with_a_sandboxs_arguments(tmp_path):
+    """The create→ready peer: real bwrap, the default sandbox's arguments, `true` inside; it must succeed
+    (a failing bwrap raises) and leave nothing of its temporary sandbox directory."""
+    import tempfile
+
+    from bench.peers.bwrap_alone import time_bwrap_true
+    from orchard.sandbox.bundle import ensure_agent_bundle
+
+    before = set(os.listdir(tempfile.gettempdir()))
+    assert time_bwrap_true(ensure_agent_bundle(tmp_path / "cache")) > 0
+    assert not {name for name in set(os.listdir(tempfile.gettempdir())) - before
+                if name.startswith("orchard-bench-bwrap-")}
