@@ -45,6 +45,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/networking.md": {"tests/test_docs_networking.py": {"python", "cli", "yaml"}},
     "docs/images.md": {"tests/test_oci_images.py": {"shell", "cli", "python"}},
     "docs/orchestrator.md": {PAGES_MODULE: {"signatures"}},
+    "docs/pools.md": {"tests/test_docs_pools.py": {"python", "yaml", "cli"}},
 }
 
 FENCE = re.compile(r"^\s*(```|~~~)")

@@ -23,7 +23,8 @@ from pydantic import ValidationError
 
 from orchard.core.backend import BackendConfig
 from orchard.core.control_plane import ControlPlane
-from orchard.core.errors import InvalidRequest, NotFound, OrchardError, SandboxLost, describe_validation_errors
+from orchard.core.errors import (BackendError, InvalidRequest, NotFound, OrchardError, SandboxLost,
+                                 describe_validation_errors)
 from orchard.core.pool import PoolStatus
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
 from orchard.sandbox import exit_cleanup
@@ -128,6 +129,20 @@ class AsyncOrchard:
         """The orchestrator's warm pools now: members idle and starting, claims, misses (docs/pools.md)."""
         await self._ready()
         return await self._control.pool_status()
+
+    async def wait_for_pool(self, name: str, *, idle: int = 1, timeout: float = 120.0) -> PoolStatus:
+        """Return once pool `name` has at least `idle` members started (e.g. before timing a run)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            status = next((p for p in await self.pool_status() if p.name == name), None)
+            if status is None:
+                raise NotFound(f"no pool named {name!r}; pools: {', '.join(p.name for p in await self.pool_status())}")
+            if status.idle >= idle:
+                return status
+            if asyncio.get_running_loop().time() > deadline:
+                raise BackendError(f"pool {name} had {status.idle} of {idle} members started after {timeout:g} s "
+                                   f"(last error: {status.last_error}); see pool_status()")
+            await asyncio.sleep(0.02)
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         await self._ready()
@@ -287,6 +302,10 @@ class Orchard:
     def pool_status(self) -> list[PoolStatus]:
         """See `AsyncOrchard.pool_status`."""
         return self._loop.run(self._async.pool_status())
+
+    def wait_for_pool(self, name: str, *, idle: int = 1, timeout: float = 120.0) -> PoolStatus:
+        """See `AsyncOrchard.wait_for_pool`."""
+        return self._loop.run(self._async.wait_for_pool(name, idle=idle, timeout=timeout))
 
     def connect(self, sandbox_id: str) -> SyncSandbox:
         return SyncSandbox(self._loop.run(self._async.connect(sandbox_id)), self._loop)
