@@ -106,6 +106,12 @@ async def test_a_scripted_attempt_that_changes_nothing_is_failed_not_error(home,
     assert results.summary.failed == 1 and results.summary.resolve_rate == 0.0
     (trajectory,) = trajectories(out)
     assert trajectory.outcome.details["patch"] == ""
+    # the task sandbox's start by stage, in the trajectory, the results row and the summary's medians
+    startup = row.sandbox_startup
+    assert startup is not None and startup == trajectory.final_metrics.sandbox_startup
+    assert startup.backend_create_ms is not None and 0 < startup.stages_ms() <= startup.total_ms
+    assert results.summary.sandbox_startup_p50_ms["total_ms"] == startup.total_ms
+    assert "backend_create_ms" in results.summary.sandbox_startup_p50_ms
     tests = trajectory.outcome.details["tests"]
     assert {tests[t] for t in trajectory.outcome.details["fail_to_pass"]} == {"failed"}
     assert {tests[t] for t in trajectory.outcome.details["pass_to_pass"]} == {"passed"}
@@ -381,6 +387,7 @@ async def test_the_report_shows_the_matrix_runs_and_each_trajectory(home, tmp_pa
     assert "0 / 1 resolved" in matrix and "n/a" in matrix and "1 error(s)" in matrix
     assert PAGEKIT in html and "tool call" in html and "cannot reach model" in html
     assert "&lt;b&gt;not bold&lt;/b&gt;" in html and "<b>not bold</b>" not in html  # escaped
+    assert "sandbox start p50 (ms, by stage)" in html and re.search(r"sandbox start total \d+ ms \(", html)
     assert not re.search(r"<(script|link|img)\b|src=|https?://(?!127\.0\.0\.1)", html), "external assets"
     with pytest.raises(NotFound, match="has no results.json"):
         load_runs([tmp_path])

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchard.core.run_status import ExitStatus, PhaseRecord
+from orchard.core.sandbox import StartupTimings
 
 ATIF_SCHEMA_VERSION = "ATIF-v1.6"
 SUPPORTED_ATIF_VERSIONS = tuple(f"ATIF-v1.{minor}" for minor in range(8))
@@ -205,7 +206,8 @@ class LLMCall(TokenUsage):
 class FinalMetrics(ExtensibleAtifObject):
     """ATIF final_metrics, extended into Orchard's per-rollout accounting."""
 
-    ORCHARD_FIELDS: ClassVar[frozenset[str]] = frozenset({"wall_time_s", "sandbox_cpu_s", "n_llm_calls"})
+    ORCHARD_FIELDS: ClassVar[frozenset[str]] = frozenset({"wall_time_s", "sandbox_cpu_s", "n_llm_calls",
+                                                          "sandbox_startup"})
 
     total_prompt_tokens: int | None = Field(default=None, ge=0)
     total_completion_tokens: int | None = Field(default=None, ge=0)
@@ -215,10 +217,13 @@ class FinalMetrics(ExtensibleAtifObject):
     wall_time_s: float | None = Field(default=None, ge=0, description="Orchard: rollout wall-clock time")
     sandbox_cpu_s: float | None = Field(default=None, ge=0, description="Orchard: CPU seconds in the sandbox")
     n_llm_calls: int | None = Field(default=None, ge=0, description="Orchard: model calls made")
+    sandbox_startup: StartupTimings | None = Field(
+        default=None, description="Orchard: where the start of the task's sandbox went, stage by stage")
 
     @classmethod
     def from_llm_calls(cls, calls: list[LLMCall], *, total_steps: int | None = None,
-                       wall_time_s: float | None = None, sandbox_cpu_s: float | None = None) -> FinalMetrics:
+                       wall_time_s: float | None = None, sandbox_cpu_s: float | None = None,
+                       sandbox_startup: StartupTimings | None = None) -> FinalMetrics:
         """Totals over `calls`; a total is None when no call reported that quantity."""
 
         def total(attribute: str) -> Any:
@@ -228,6 +233,7 @@ class FinalMetrics(ExtensibleAtifObject):
         return cls(total_prompt_tokens=total("prompt_tokens"), total_completion_tokens=total("completion_tokens"),
                    total_cached_tokens=total("cached_tokens"), total_cost_usd=total("cost_usd"),
                    total_steps=total_steps, wall_time_s=wall_time_s, sandbox_cpu_s=sandbox_cpu_s,
+                   sandbox_startup=sandbox_startup,
                    n_llm_calls=len(calls))
 
 

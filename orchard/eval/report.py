@@ -19,7 +19,7 @@ from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.trajectory import Content, Trajectory
 from orchard.eval.matrix import RESAMPLES, SEED, Interval, MatrixRow, matrix_rows
 from orchard.eval.results import RESULTS_FILE, EvalResults, TaskResult, latest_by_task, read_results, read_trajectories
-from orchard.eval.summary import versus_text
+from orchard.eval.summary import startup_text, versus_text
 from orchard.eval.study import STUDY_FILE, StudyCell, study_run_directories
 from orchard.util.files import atomic_write_text
 
@@ -118,7 +118,8 @@ def render_report(runs: list[RunReport], unrun: list[StudyCell] | None = None) -
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                                      lstrip_blocks=True)
     environment.filters.update(content_text=content_text, clip=clip, as_json=as_json, seconds=seconds,
-                               percent=percent, interval=interval_text, number=number, versus=versus_text)
+                               percent=percent, interval=interval_text, number=number, versus=versus_text,
+                               startup=startup_filter)
     template = environment.from_string(files("orchard.eval").joinpath(TEMPLATE).read_text(encoding="utf-8"))
     return template.render(runs=runs, matrices=build_matrices(runs), run_anchor=run_anchor,
                            task_row=_task_row, unrun=unrun or [], resamples=RESAMPLES, seed=SEED)
@@ -156,6 +157,13 @@ def clip(text: Any, limit: int = MAX_TEXT_CHARS) -> str:
 
 def as_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def startup_filter(value: Any) -> str:
+    """A start by stage (a StartupTimings, or the summary's medians) as one line; "-" when unknown."""
+    if value is None or value == {}:
+        return "-"
+    return startup_text(value if isinstance(value, dict) else value.model_dump(exclude_none=True))
 
 
 def seconds(value: float | None, digits: int = 1) -> str:

@@ -13,6 +13,7 @@ resolve rate."""
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from orchard.core.jsonl import read_jsonl
 from orchard.core.run_status import is_agent_outcome
+from orchard.core.sandbox import STARTUP_STAGES, StartupTimings
 from orchard.core.trajectory import Trajectory
 from orchard.eval.run_config import EvalConfig, read_model_file
 from orchard.util.files import atomic_write_bytes
@@ -60,6 +62,8 @@ class TaskResult(BaseModel):
     cost_usd: float | None = None
     wall_time_s: float | None = None
     sandbox_cpu_s: float | None = None
+    sandbox_startup: StartupTimings | None = Field(
+        default=None, description="where the start of the task's sandbox went, stage by stage (ms)")
 
     @classmethod
     def from_trajectory(cls, trajectory: Trajectory, attempt: int) -> TaskResult:
@@ -79,7 +83,8 @@ class TaskResult(BaseModel):
                    completion_tokens=metrics.total_completion_tokens if metrics else None,
                    cost_usd=metrics.total_cost_usd if metrics else None,
                    wall_time_s=metrics.wall_time_s if metrics else None,
-                   sandbox_cpu_s=metrics.sandbox_cpu_s if metrics else None)
+                   sandbox_cpu_s=metrics.sandbox_cpu_s if metrics else None,
+                   sandbox_startup=metrics.sandbox_startup if metrics else None)
 
 
 class EvalSummary(BaseModel):
@@ -95,6 +100,9 @@ class EvalSummary(BaseModel):
     task_time_s: float = Field(default=0.0, description="the tasks' own wall times, summed")
     total_tokens: int = 0
     cost_usd: float | None = None
+    sandbox_startup_p50_ms: dict[str, float] = Field(
+        default_factory=dict, description="the median of each start stage of the tasks' sandboxes (ms), over "
+                                          "the tasks whose sandbox reported it; total_ms last")
 
     @classmethod
     def of(cls, tasks: list[TaskResult], total: int, elapsed_s: float = 0.0) -> EvalSummary:
@@ -107,7 +115,18 @@ class EvalSummary(BaseModel):
                    by_exit_status=dict(sorted(Counter(r.exit_status or "unknown" for r in tasks).items())),
                    wall_time_s=elapsed_s, task_time_s=sum(r.wall_time_s or 0.0 for r in tasks),
                    total_tokens=sum((r.prompt_tokens or 0) + (r.completion_tokens or 0) for r in tasks),
-                   cost_usd=sum(costs) if costs else None)
+                   cost_usd=sum(costs) if costs else None,
+                   sandbox_startup_p50_ms=startup_medians([r.sandbox_startup for r in tasks if r.sandbox_startup]))
+
+
+def startup_medians(timings: list[StartupTimings]) -> dict[str, float]:
+    """The median of each stage over the sandboxes that reported it (stages none reported are left out)."""
+    medians = {}
+    for stage in (*STARTUP_STAGES, "total_ms"):
+        values = [getattr(t, stage) for t in timings if getattr(t, stage) is not None]
+        if values:
+            medians[stage] = statistics.median(values)
+    return medians
 
 
 class EvalResults(BaseModel):

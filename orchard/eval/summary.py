@@ -16,7 +16,7 @@ def tasks_table(results: EvalResults, *, error_width: int = 60) -> Table:
     for column, justify in (("task", "left"), ("status", "left"), ("exit status", "left"), ("attempt", "right"),
                             ("steps", "right"),
                             ("LLM calls", "right"), ("tokens", "right"), ("cost $", "right"),
-                            ("wall s", "right"), ("CPU s", "right"), ("error", "left")):
+                            ("wall s", "right"), ("CPU s", "right"), ("start ms", "right"), ("error", "left")):
         table.add_column(column, justify=justify, overflow="fold")
     for row in results.tasks:
         tokens = (row.prompt_tokens or 0) + (row.completion_tokens or 0)
@@ -25,6 +25,7 @@ def tasks_table(results: EvalResults, *, error_width: int = 60) -> Table:
                       str(row.steps), str(row.n_llm_calls), f"{tokens:,}" if tokens else "-",
                       f"{row.cost_usd:.4f}" if row.cost_usd is not None else "-",
                       _seconds(row.wall_time_s), _seconds(row.sandbox_cpu_s, digits=2),
+                      f"{row.sandbox_startup.total_ms:.0f}" if row.sandbox_startup else "-",
                       _shorten(row.error or "", error_width))
     return table
 
@@ -43,7 +44,18 @@ def summary_line(summary: EvalSummary) -> Text:
     text.append(f"; {summary.total_tokens:,} tokens")
     if summary.cost_usd is not None:
         text.append(f", ${summary.cost_usd:.4f}")
+    if summary.sandbox_startup_p50_ms:
+        text.append("; sandbox start p50 " + startup_text(summary.sandbox_startup_p50_ms), style="dim")
     return text
+
+
+def startup_text(stages_ms: dict[str, float]) -> str:
+    """`total 62 ms (backend create 20, agent start 38, first health 1)`: a start by stage, in ms."""
+    parts = [f"{name.removesuffix('_ms').replace('_', ' ')} {value:.0f}" for name, value in stages_ms.items()
+             if name != "total_ms" and value is not None]
+    total = stages_ms.get("total_ms")
+    head = f"total {total:.0f} ms" if total is not None else "ms"
+    return head + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _seconds(value: float | None, digits: int = 1) -> str:

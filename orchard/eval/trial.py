@@ -44,7 +44,7 @@ from orchard.core.errors import (
 from orchard.core.harness import Harness, ModelConfig, SamplingParams, setup_harness
 from orchard.core.policy import RolloutHooks
 from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord, is_agent_outcome
-from orchard.core.sandbox import Sandbox, SandboxFactory
+from orchard.core.sandbox import Sandbox, SandboxFactory, StartupTimings
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, LLMCall, Outcome, Trajectory
 from orchard.eval.grading import grade_script, grade_swe_patch
@@ -96,6 +96,7 @@ class Trial:
         self.deadline = self.started + rig.timeouts.trial_s
         self.agent_wall_s = 0.0
         self.cpu_s: float | None = None
+        self.sandbox_startup: StartupTimings | None = None  # the task sandbox's start, stage by stage
 
     # --- the phases ----------------------------------------------------------------------------------
 
@@ -141,6 +142,8 @@ class Trial:
             raise InvalidRequest(str(problem))
         overrides = sandbox_overrides(self.task, self.rig.bundle) if self.rig.bundle else {}
         sandbox = await create_task_sandbox(self.rig.orch, self.task, labels=self.labels, **overrides)
+        # What the SDK's sandboxes carry (AgentSandbox.startup); another SandboxFactory's may not.
+        self.sandbox_startup = getattr(sandbox, "startup", None)
         try:
             base = None
             if isinstance(self.task.grader, SWETestsGrader):
@@ -346,7 +349,7 @@ class Trial:
         data["agent"]["model_name"] = data["agent"].get("model_name") or self.rig.model
         data["final_metrics"] = FinalMetrics.from_llm_calls(
             calls, total_steps=len(data["steps"]), wall_time_s=time.monotonic() - self.started,
-            sandbox_cpu_s=self.cpu_s).model_dump()
+            sandbox_cpu_s=self.cpu_s, sandbox_startup=self.sandbox_startup).model_dump()
         if data.get("outcome") is None:
             data["outcome"] = Outcome(error="not graded: the task has no grader").model_dump()
             data["exit_status"] = data.get("exit_status") or "grader_error"
