@@ -17,6 +17,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 from pydantic import BaseModel
 
@@ -238,24 +239,29 @@ def existing_groups(name: str) -> list[str]:
         return []
 
 
-def remove_abandoned_groups(in_use: set[str]) -> list[str]:
-    """rmdir empty sandbox groups whose name is not `in_use` (their sandbox's state was deleted under
-    them, so no delete will ever come). The kernel refuses to remove a group that has processes."""
+def remove_abandoned_groups(in_use: Callable[[], set[str]]) -> list[str]:
+    """rmdir empty sandbox groups whose name is not `in_use()` (their sandbox's state was deleted under
+    them, so no delete will ever come). The kernel refuses to remove a group that has processes. `in_use` is
+    asked after the groups are listed, so a group made meanwhile by a create (whose name is in use before its
+    group exists) is never taken for abandoned."""
     removed = []
     try:
         parents = {group.parent for group, _, _ in placements("probe")}
     except OSError:
         return removed
+    candidates = []
     for parent in parents:
-        if not parent.is_dir():
-            continue
-        for group in parent.iterdir():
-            if group.is_dir() and group.name not in in_use and not cgroup_pids([str(group)]):
-                try:
-                    group.rmdir()
-                    removed.append(str(group))
-                except OSError:
-                    pass
+        if parent.is_dir():
+            candidates += [group for group in parent.iterdir() if group.is_dir() and not cgroup_pids([str(group)])]
+    names = in_use()
+    for group in candidates:
+        if group.name not in names:
+            try:
+                group.rmdir()
+                removed.append(str(group))
+            except OSError:
+                pass
+    for parent in parents:
         try:
             parent.rmdir()
         except OSError:

@@ -399,12 +399,16 @@ class LocalBackend:
             h = record.handle
             if process_running(h.pid, h.pid_start) or process_running(h.init_pid, h.init_start):
                 live.append(BackendSandbox(id=record.id, agent_url=record.agent_url, handle=h.model_dump()))
+            elif not h.pid and _age(entry / "meta.json") < STALE_UNRECORDED_S:
+                continue  # recorded before its processes start: a create in progress (of any process)
             else:
                 log.info("removing leftovers of dead local sandbox %s", record.id)
                 await asyncio.to_thread(self._destroy, record.id, h)
         # Groups of sandboxes whose dirs were removed under them (a run dir exists from before a
         # sandbox's cgroups are made until after they are removed).
-        in_use = set(os.listdir(self.run_base)) if self.run_base.is_dir() else set()
+        def in_use() -> set[str]:  # read after the groups are listed: a create makes its run dir first
+            return set(os.listdir(self.run_base)) if self.run_base.is_dir() else set()
+
         for group in await asyncio.to_thread(cgroups.remove_abandoned_groups, in_use):
             log.info("removed abandoned cgroup %s", group)
         for slot in await asyncio.to_thread(local_netns.clean_orphans):
@@ -414,6 +418,13 @@ class LocalBackend:
     async def close(self) -> None:
         """Nothing to release: sandboxes keep running by design, and their state is on disk."""
         self._children.clear()
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _handle_of(sandbox: BackendSandbox) -> LocalHandle | None:
