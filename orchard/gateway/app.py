@@ -36,7 +36,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         try:
             yield
         finally:
-            gateway.close()
+            await gateway.aclose()
 
     app = FastAPI(title="Orchard model gateway", version="1", lifespan=lifespan)
     app.state.gateway = gateway

@@ -69,6 +69,10 @@ class GatewayConfig(BaseModel):
                                    "the key 'unkeyed'")
     timeout_s: float = Field(default=600, gt=0, description="per model call")
     num_retries: int = Field(default=0, ge=0, description="litellm's retries of a failed call")
+    fast_path: bool = Field(
+        default=True, description="call self-hosted OpenAI-compatible servers (openai/ or hosted_vllm/ routes with "
+                                  "an api_base to a model litellm does not know) directly instead of through "
+                                  "litellm, for plain requests (see docs/gateway.md); false: always litellm")
     record_path: Path | None = Field(default=None, description="also append every call to this JSONL file")
 
     @field_validator("models")

@@ -1,6 +1,7 @@
 """The gateway itself, usable in-process: `await gateway.complete(rollout_key, request)` makes a model
-call through litellm, records it under the rollout key and enforces that rollout's budget. The HTTP app
-(app.py) is a thin layer over this object."""
+call (through litellm, or its fast path for self-hosted OpenAI-compatible servers: direct.py), records it
+under the rollout key and enforces that rollout's budget. The HTTP app (app.py) is a thin layer over this
+object."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from orchard.core.trajectory import LLMCall
 from orchard.gateway.budget import Budget, BudgetLedger, RolloutUsage
 from orchard.gateway.call_record import failure_record, new_call_id, success_record, total_tokens, utc_now_iso
 from orchard.gateway.config import GatewayConfig
+from orchard.gateway.direct import ClientPool
 from orchard.gateway.provider import call_provider, effective_params, load_litellm
 from orchard.gateway.recorder import Recorder
 from orchard.gateway.wire import ChatCompletionRequest
@@ -40,6 +42,7 @@ class Gateway:
         self.config = config or GatewayConfig()
         self.recorder = recorder or Recorder(self.config.record_path)
         self.budgets = BudgetLedger(self.config.default_budget)
+        self._direct = ClientPool()
 
     def warm_up(self) -> None:
         """Import litellm now (seconds) rather than during the first call."""
@@ -58,7 +61,8 @@ class Gateway:
         call_id, started_at, start = new_call_id(), utc_now_iso(), time.perf_counter()
         try:
             answer = await call_provider(route, request, params, timeout_s=self.config.timeout_s,
-                                         num_retries=self.config.num_retries, rollout_key=key)
+                                         num_retries=self.config.num_retries, rollout_key=key,
+                                         direct=self._direct if self.config.fast_path else None)
         except OrchardError as exc:
             self.recorder.add(failure_record(
                 call_id=call_id, rollout_key=key, request=request, params=params, provider_model=route.model,
@@ -109,6 +113,11 @@ class Gateway:
         state = self.rollout_state(rollout_key)
         self.budgets.forget(state.rollout_key)
         return RolloutRecords(**state.model_dump(), calls=self.recorder.pop(state.rollout_key))
+
+    async def aclose(self) -> None:
+        """`close`, and also the fast path's connections opened on the running event loop."""
+        await self._direct.aclose()
+        self.close()
 
     def close(self) -> None:
         self.recorder.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 from orchard.core.errors import InvalidRequest, ModelError, ModelRateLimited, ModelUnreachable, OrchardError
 from orchard.gateway.config import BUILTIN_PROVIDER_PREFIX, ModelRoute
+from orchard.gateway.direct import ClientPool, api_key, direct_target, post_completion, request_body
 from orchard.gateway.wire import ChatCompletionRequest
 
 # Request fields a client may not set: they choose the server and credentials, which only the gateway's
@@ -74,7 +75,14 @@ def request_kwargs(route: ModelRoute, request: ChatCompletionRequest, params: di
 
 
 async def call_provider(route: ModelRoute, request: ChatCompletionRequest, params: dict[str, Any], *,
-                        timeout_s: float, num_retries: int, rollout_key: str | None = None) -> ProviderAnswer:
+                        timeout_s: float, num_retries: int, rollout_key: str | None = None,
+                        direct: ClientPool | None = None) -> ProviderAnswer:
+    """One completion: over `direct` (the fast path, direct.py) where it applies, else through litellm."""
+    if direct is not None:
+        answer = await _call_direct(direct, route, request, params, timeout_s=route.timeout_s or timeout_s,
+                                    num_retries=num_retries)
+        if answer is not None:
+            return answer
     litellm = load_litellm()
     kwargs = request_kwargs(route, request, params, timeout_s=timeout_s, num_retries=num_retries,
                             rollout_key=rollout_key)
@@ -85,6 +93,24 @@ async def call_provider(route: ModelRoute, request: ChatCompletionRequest, param
     cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
     return ProviderAnswer(response=response.model_dump(),
                           cost_usd=float(cost) if isinstance(cost, (int, float)) and cost >= 0 else None)
+
+
+async def _call_direct(pool: ClientPool, route: ModelRoute, request: ChatCompletionRequest, params: dict[str, Any],
+                       *, timeout_s: float, num_retries: int) -> ProviderAnswer | None:
+    """The fast path's answer, or None where it does not apply. Its models have no price in litellm's table,
+    so their cost is unknown (None), as litellm reports it."""
+    target = direct_target(route)
+    if target is None:
+        return None
+    body = request_body(target, request, params)
+    key = api_key(target, route) if body is not None else None
+    if body is None or key is None:
+        return None
+    try:
+        response = await post_completion(pool, target, key, body, timeout_s=timeout_s, num_retries=num_retries)
+    except Exception as exc:
+        raise provider_error(route, exc, timeout_s=timeout_s) from exc
+    return ProviderAnswer(response=response, cost_usd=None)
 
 
 def provider_error(route: ModelRoute, exc: Exception, *, timeout_s: float) -> OrchardError:
