@@ -141,6 +141,9 @@ async def test_create_exec_files_delete_leaves_nothing(make_backend, base_url):
     started = time.perf_counter()
     sandbox = await backend.create("basic", _spec(cpu=1, memory_mb=256), token, owner="alice")
     ready_s = time.perf_counter() - started
+    timings = sandbox.timings  # image and container started, then the agent's first health answer
+    assert timings.backend_create_ms > 0 and timings.first_health_ms >= 0
+    assert timings.backend_create_ms + timings.first_health_ms <= timings.total_ms
     agent = AgentSandbox(sandbox.id, sandbox.agent_url, token)
     try:
         result = await agent.exec("echo hi")

@@ -107,6 +107,10 @@ async def test_agent_injected_into_image_without_python(backend):
     sid, token = _sandbox_id(), secrets.token_urlsafe(16)
     made = await backend.create(sid, SandboxSpec(image=BASE_IMAGE, cpu=0.5, memory_mb=128), token)
     assert made.agent_url.startswith("http://10.") and made.agent_url.endswith(":7777")
+    # Pod created → running with an IP, then → the agent's first health answer
+    timings = made.timings
+    assert timings.backend_create_ms > 0 and timings.first_health_ms >= 0 and timings.agent_start_ms is None
+    assert timings.backend_create_ms + timings.first_health_ms <= timings.total_ms
     async with AgentSandbox(sid, made.agent_url, token) as sb:
         which = await sb.exec("command -v python3 python; ls /usr/bin | grep -c python || true")
         assert which.stdout.strip() == "0", which

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
-from orchard.core.sandbox import SandboxSpec
+from orchard.core.sandbox import SandboxSpec, StartupTimings
 from orchard.sandbox.backends import docker_containers as spec_of
 from orchard.sandbox.backends.docker_config import DockerConfig, default_run_dir, docker_capabilities
 from orchard.sandbox.backends.docker_dirs import SandboxDir, ensure_private_dir, instance_key, sandbox_key
@@ -104,6 +104,7 @@ class DockerBackend:
         engine = await self._setup()
         assert self._bundle is not None
         name = spec_of.container_name(self.instance, sandbox_id)
+        begun = time.monotonic()
         async with self._burst:
             await self._call(engine.ensure_image, image, self.config.pull)
             sandbox_dir = await self._call(self._make_dir, engine, sandbox_id, name, token)
@@ -119,10 +120,17 @@ class DockerBackend:
                                                 gateway=gateway_socket is not None)
             async with self._burst:
                 container_id = await self._call(engine.create_and_start, name, options, host_options)
+            running = time.monotonic()
             await self._wait_for_agent(engine, container_id, name, sandbox_dir, deadline)
+            healthy = time.monotonic()
             handle = spec_of.DockerHandle(container_id=container_id, name=name, run_dir=str(sandbox_dir.path),
                                           owner=owner, deadline=float(labels[spec_of.DEADLINE_LABEL]))
-            return BackendSandbox(id=sandbox_id, agent_url=sandbox_dir.agent_url, handle=handle.model_dump())
+            # Image, directory and container started; then until the agent's first health answer (its start
+            # included: the engine does not show it apart).
+            timings = StartupTimings(backend_create_ms=(running - begun) * 1000,
+                                     first_health_ms=(healthy - running) * 1000, total_ms=(healthy - begun) * 1000)
+            return BackendSandbox(id=sandbox_id, agent_url=sandbox_dir.agent_url, handle=handle.model_dump(),
+                                  timings=timings)
         except BaseException:
             # Only what this create made: a container of that name that it did not make is someone else's
             # (a create cancelled mid-call leaves at most a never-started container, which list_live removes).

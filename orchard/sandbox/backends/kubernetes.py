@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from orchard.core.errors import BackendError, InvalidRequest
-from orchard.core.sandbox import SandboxSpec
+from orchard.core.sandbox import SandboxSpec, StartupTimings
 from orchard.sandbox.backends import k8s_egress, k8s_netpol, k8s_pods
 from orchard.core.backend import BackendSandbox
 from orchard.sandbox.backends.k8s_config import DEFAULT_NAMESPACE, KubernetesConfig, check_pids, k8s_capabilities
@@ -154,6 +154,7 @@ class KubernetesBackend:
         policy = k8s_netpol.sandbox_policy_manifest(sandbox_id, self.instance, spec.network, self.gateway)
         started = self._watcher.wait_started(name)
         deadline = time.monotonic() + self.ready_timeout_s
+        begun = time.monotonic()
         try:
             async with self._burst:
                 await self._call(api.create_secret, k8s_pods.secret_manifest(sandbox_id, self.instance, token))
@@ -167,9 +168,15 @@ class KubernetesBackend:
                 raise BackendError(f"pod {name} did not start its agent within {self.ready_timeout_s:g} s"
                                    f"{self._pending_reason(name)}") from None
             agent_url = f"http://{pod.status.pod_ip}:{k8s_pods.AGENT_PORT}"
+            running = time.monotonic()
             # The sandbox is handed out when the agent answers us, not when the kubelet says Ready.
             await wait_for_agent(self._http, agent_url, name, lambda: self._watcher.get(name), deadline)
-            return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=_handle(pod))
+            healthy = time.monotonic()
+            # Pod created → running with an IP (pull, schedule, init container), then → the agent's first
+            # health answer (the agent's start is not seen apart from it here).
+            timings = StartupTimings(backend_create_ms=(running - begun) * 1000,
+                                     first_health_ms=(healthy - running) * 1000, total_ms=(healthy - begun) * 1000)
+            return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=_handle(pod), timings=timings)
         except BaseException:
             self._watcher.forget(name, started)
             started.cancel()
