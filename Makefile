@@ -36,7 +36,9 @@ demo: $(STAMP)
 # Training end to end on swe-mini (minutes on a CPU; not part of `make test`): oracle trajectories of every
 # task, the embedded SmolLM2 exported to a plain model directory, a short SFT run on those trajectories,
 # then one GRPO step (`orchard train rl`) of the SFT model on a real task with BAR deciding the rollouts;
-# each prints its loss and what it trained on. Re-running reuses the trajectories, export and SFT model
+# each prints its loss and what it trained on. SmolLM2 never solves the task, so every second rollout is
+# guided (--guide oracle: the oracle's replies, scored by the policy): the group holds a success and a
+# failure, and the GRPO step has a signal to train on. Re-running reuses the trajectories, export and SFT model
 # already there and runs the RL step again (`rm -rf runs/train-demo` starts over).
 TRAIN_DEMO_OUT ?= runs/train-demo
 TRAIN_DEMO_RL_TASK ?= orchard__pagekit-112
@@ -49,7 +51,7 @@ train-demo: $(STAMP)
 		--model $(TRAIN_DEMO_OUT)/smollm2 --out $(TRAIN_DEMO_OUT)/sft --max-steps 2 --batch-size 1 --grad-accum 1
 	HF_HUB_OFFLINE=1 $(BIN)/orchard train rl --model $(TRAIN_DEMO_OUT)/sft/model --task $(TRAIN_DEMO_RL_TASK) \
 		--generations 2 --steps 1 --step-limit 3 --max-tokens 96 --retire-after 2 --max-rollouts 4 \
-		--out $(TRAIN_DEMO_OUT)/rl
+		--guide oracle --out $(TRAIN_DEMO_OUT)/rl
 
 tour: $(STAMP)
 	$(BIN)/python -m orchard.demo

@@ -202,6 +202,11 @@ def rl(
     learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    guide: Annotated[Optional[str], typer.Option(
+        help="oracle: every --guide-every-th rollout of a task plays the oracle's replies (the reference patch), "
+             "scored by the policy, so a group holds a success even where the policy never solves the task.")
+    ] = None,
+    guide_every: Annotated[int, typer.Option(help="With --guide: guide every N-th rollout of each task.")] = 2,
     vllm_url: Annotated[Optional[str], typer.Option(
         help="Serve the policy from this vLLM OpenAI server (e.g. http://127.0.0.1:8000/v1) instead of "
              "in-process generation; --vllm-model names its model.")] = None,
@@ -225,7 +230,8 @@ def rl(
                           harness_options={"step_limit": step_limit}, max_tokens=max_tokens, max_steps=steps,
                           num_generations=generations, tasks_per_step=tasks_per_step, strategy=strategy,
                           parallel=parallel, learning_rate=learning_rate, temperature=temperature, seed=seed,
-                          policy_route=route, bar=BarConfig(retire_after=retire_after, max_rollouts=max_rollouts))
+                          policy_route=route, bar=BarConfig(retire_after=retire_after, max_rollouts=max_rollouts),
+                          guide=guide, guide_every=guide_every)
     except ValueError as exc:
         fail(str(exc), code=2)
     try:
@@ -247,7 +253,9 @@ def _print_rl_step(report: Any) -> None:
               f"trained on {report.trained_tokens} policy tokens, {report.env_tokens} environment tokens masked")
     for rollout in report.rollout_log:
         reward = "masked (infrastructure error)" if rollout["reward"] is None else f"reward {rollout['reward']:g}"
-        out.print(f"  rollout {escape(str(rollout['rollout_key']))}: {escape(str(rollout['exit_status']))}, "
+        behaviour = {"guided": " (guided: the oracle's replies, scored by the policy)",
+                     "sampled": " (sampled by the policy)"}.get(rollout.get("behaviour", ""), "")
+        out.print(f"  rollout {escape(str(rollout['rollout_key']))}{behaviour}: {escape(str(rollout['exit_status']))}, "
                   f"{rollout['model_calls']} model calls, {rollout['sampled_tokens']} sampled tokens, "
                   f"{rollout['environment_tokens']} environment tokens, {reward}")
     if report.retired:

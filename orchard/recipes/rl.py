@@ -17,7 +17,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,6 +54,10 @@ class RLConfig(BaseModel):
     parallel: int = Field(default=1, ge=1, description="rollouts (sandboxes) at once")
     agent_timeout_s: float = Field(default=600, gt=0)
     seed: int = 0
+    guide: Literal["oracle"] | None = Field(
+        default=None, description="oracle: every `guide_every`-th rollout of a task plays the oracle's replies, "
+                                  "scored by the policy (orchard.recipes.rl_guide), so a group can hold a success")
+    guide_every: int = Field(default=2, ge=1)
     policy_route: ModelRoute | None = Field(
         default=None, description="serve the policy from this gateway route (e.g. a vLLM server) instead of "
                                   "in-process generation")
@@ -87,6 +91,16 @@ def load_policy_model(name: str, *, seed: int = 0) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def _marking_guided(guide: Any, on_step: Callable[[StepReport], None] | None) -> Callable[[StepReport], None]:
+    """Each rollout of the step's report says whether the guide played it (`behaviour`)."""
+    def marked(report: StepReport) -> None:
+        for rollout in report.rollout_log:
+            rollout["behaviour"] = guide.role(rollout["rollout_key"])
+        if on_step is not None:
+            on_step(report)
+    return marked
+
+
 def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callable[[StepReport], None] | None = None,
              model_and_tokenizer: tuple[Any, Any] | None = None) -> RLResult:
     """Train; returns the losses and each step's rollout report (also written to OUT/metrics.json)."""
@@ -101,6 +115,15 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     before = [p.detach().clone() for p in model.parameters()]
+    guide = None
+    if config.guide is not None and forced is None:
+        if config.policy_route is not None:
+            raise InvalidRequest("--guide needs the in-process policy (it dictates the policy's replies); it cannot "
+                                 "guide a policy served elsewhere (--vllm-url)")
+        from orchard.recipes.rl_guide import OracleGuide
+
+        forced = guide = OracleGuide(tasks.values(), every=config.guide_every)
+        on_step = _marking_guided(guide, on_step)
     policy = TrainingPolicy(model, tokenizer, forced=forced) if config.policy_route is None else None
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=None)
     batch = config.tasks_per_step * config.num_generations

@@ -4,26 +4,14 @@ dictated text's ids are scored by the model being trained, so ids and logprobs a
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
 from orchard.core.errors import ModelError
 from orchard.core.task import Task
-from orchard.policies import oracle
+from orchard.recipes.rl_guide import oracle_text
 
 GIVE_UP = '<tool_call>\n{"name": "submit", "arguments": {"summary": "giving up"}}\n</tool_call>'
-
-
-def oracle_text(task: Task, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    """The oracle's next action (play the reference patch) as Hermes tool-call text."""
-    reply = oracle.next_message(task, messages, tools).message
-    parts = [reply.get("content") or ""]
-    for call in reply.get("tool_calls") or []:
-        function = call["function"]
-        parts.append("<tool_call>\n" + json.dumps({"name": function["name"],
-                                                   "arguments": json.loads(function["arguments"])}) + "\n</tool_call>")
-    return "\n".join(part for part in parts if part)
 
 
 class Dictated:
