@@ -129,13 +129,15 @@ def test_smollm2_fast_path_equals_the_generate_path():
     for sampling in (smollm2.SamplingRequest(max_tokens=20, top_logprobs=3),
                      smollm2.SamplingRequest(max_tokens=12, temperature=0.9, top_p=0.95, seed=5),
                      smollm2.SamplingRequest(max_tokens=30, stop=["Paris"])):
-        model.prefix_cache.clear()
-        fast = model._generate(prompt, sampling, sampling.token_limit, None)
+        # the transformers engine (ORCHARD_SMOLLM2_ENGINE=transformers); the lean one: tests/test_lean_llama.py
+        fast = model._generate(prompt, sampling, sampling.token_limit, None, engine=model.model)
         slow = model._generate_reference(prompt, sampling, sampling.token_limit, None)
         assert fast == slow  # ids, every TokenLogprob (text, logprob, top-k) and the limit flag
     # a second call reusing the first one's KV states generates the same tokens
-    model.prefix_cache.clear()
-    first = model._generate(prompt, smollm2.SamplingRequest(max_tokens=20), 20, None)
-    again = model._generate(prompt, smollm2.SamplingRequest(max_tokens=20), 20, None)
+    cache = PrefixCache()
+    first = model._generate(prompt, smollm2.SamplingRequest(max_tokens=20), 20, None, engine=model.model,
+                            prefix_cache=cache)
+    again = model._generate(prompt, smollm2.SamplingRequest(max_tokens=20), 20, None, engine=model.model,
+                            prefix_cache=cache)
     assert again[0] == first[0]
     assert [t.logprob for t in again[1]] == pytest.approx([t.logprob for t in first[1]], abs=1e-4)

