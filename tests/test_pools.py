@@ -394,3 +394,11 @@ def test_orchard_eval_pool_claims_task_sandboxes(sandbox_home, tmp_path, monkeyp
         asyncio.run(run_eval(harness="react", model="oracle", suite="swe-mini", out_dir=tmp_path / "remote",
                              gateway_config=eval_gateway_config("oracle"), task_ids=tasks,
                              orchard_url="http://127.0.0.1:9", pool=2))
+
+
+def test_a_pool_the_orchestrator_cannot_run_is_refused_up_front(sandbox_home):
+    from orchard.sandbox.server.spec_limits import SpecLimits
+
+    with pytest.raises(InvalidRequest, match="pool big: memory_mb=4096 is over"):
+        SandboxService.embedded(sandbox_home, limits=SpecLimits(memory_mb=1024),
+                                pools=[PoolSpec(name="big", spec=SandboxSpec(memory_mb=4096))])

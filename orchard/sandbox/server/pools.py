@@ -94,6 +94,13 @@ class PoolManager:
         """Run these pools from now on. A pool whose template changed, or that is gone, is retired: its
         idle members are deleted, never handed out (nor those still starting, once they are up)."""
         specs = pools_of(pools)
+        for spec in specs:  # refused now, not at every member start
+            member = self.member_spec(_Pool(spec))
+            try:
+                self.service.backend.capabilities.check(member, self.service.backend.name)
+                self.service.limits.check(member)
+            except InvalidRequest as e:
+                raise InvalidRequest(f"pool {spec.name}: {e}") from None
         new: dict[str, _Pool] = {}
         for spec in specs:
             old = self.pools.get(spec.name)

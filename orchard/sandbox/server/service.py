@@ -68,7 +68,11 @@ class SandboxService:
         self.deleting: dict[str, asyncio.Task] = {}    # sandbox id → the one task deleting it
         self._reaper: asyncio.Task | None = None
         self._started = self._closing = self._stopped = False
-        self.pools = PoolManager(self, pools)
+        try:
+            self.pools = PoolManager(self, pools)
+        except BaseException:  # a pool this orchestrator cannot run: refused before anything started
+            store.close()
+            raise
 
     @classmethod
     def embedded(cls, home: Path | None = None, *, backend: BackendConfig | str | None = None,
