@@ -50,6 +50,7 @@ def prepare_examples(trajectories: Sequence[Trajectory], tokenizer: Any, *, filt
         credit_report = asyncio.run(_assign(trajectories, credit, suite, judge, orchard_home))
     untranslated: dict[str, str] = {}
     if target_harness is not None:
+        asyncio.run(_capture_prompts(trajectories, target_harness, suite, orchard_home))
         translated, untranslated = translate_all(trajectories, target_harness)
         if credit_report is not None:
             remap_credit(credit_report, translated, target_harness)
@@ -62,6 +63,19 @@ def prepare_examples(trajectories: Sequence[Trajectory], tokenizer: Any, *, filt
     else:
         report = build_examples(trajectories, tokenizer, filters=filters)
     return PreparedData(report=report, credit=credit_report, untranslated=untranslated)
+
+
+async def _capture_prompts(trajectories: Sequence[Trajectory], target: str, suite: str, home: Path | None) -> None:
+    """Kimi-CLI's and OpenHands' prompts are the harness's own: run it once per task not captured yet
+    (orchard.recipes.translate_captured)."""
+    from orchard.recipes.translate_captured import CAPTURED_HARNESSES, capture_prompts
+    from orchard.sandbox.client import AsyncOrchard
+
+    task_ids = sorted({t.task_id for t in trajectories if t.task_id and t.agent.name != target})
+    if target not in CAPTURED_HARNESSES or not task_ids:
+        return
+    async with AsyncOrchard(home=home) as orchard:
+        await capture_prompts(target, task_ids, suite=suite, orchard_client=orchard, home=home)
 
 
 async def _assign(trajectories: Sequence[Trajectory], settings: CreditSettings, suite: str,

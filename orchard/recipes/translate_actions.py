@@ -2,7 +2,8 @@
 (`Shell`, `View`, `Create`, `Replace`, `Submit`) and neutral actions written as that harness's calls.
 
 A harness is one `ToolVocabulary` entry in `VOCABULARIES`: `read` turns one of its recorded calls into an
-action, `write` turns an action into one of its calls (name + arguments). A harness with only a shell writes
+action, `write` turns an action into one of its calls (name + arguments), or None where the harness ends
+its run with a plain reply instead of a call (Kimi-CLI's way to finish). A harness with only a shell writes
 file actions as shell commands that do the same thing:
 
 | action  | react         | mini-swe-agent (`bash`)                                                       |
@@ -14,9 +15,9 @@ file actions as shell commands that do the same thing:
 | Replace | `str_replace` | a python3 script replacing the one exact occurrence, failing as react does otherwise |
 | Submit  | `submit`      | `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`                                    |
 
-Kimi-CLI (`Shell` / `WriteFile` / `StrReplaceFile`) and OpenHands (`terminal` / `file_editor` / `finish`) are
-added the same way: one ToolVocabulary each here, with a dialect (prompts, result format) in
-translate_dialects.py and a replay runner in translate_replay.py."""
+Kimi-CLI (`Shell`, `ReadFile`, `WriteFile`, `StrReplaceFile`) and OpenHands (`terminal`, `file_editor`,
+`finish`) are in translate_agents.py; `Edits` (Kimi's StrReplaceFile with several edits or replace_all),
+`Insert` (OpenHands' insert) and appending (Kimi's WriteFile mode=append) have shell forms here too."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ class View:
 class Create:
     path: str
     content: str
+    overwrites: bool | None = None  # whether the file existed (react says so; None: not known)
+    append: bool = False  # add to the end of the file (Kimi's WriteFile mode=append)
 
 
 @dataclass(frozen=True)
@@ -62,21 +65,40 @@ class Replace:
 
 
 @dataclass(frozen=True)
+class Edits:
+    """Kimi's StrReplaceFile: each (old, new, replace_all) applied in turn to the text (the first occurrence,
+    or all); an error, changing nothing, when the text comes out unchanged."""
+
+    path: str
+    edits: tuple[tuple[str, str, bool], ...]
+
+
+@dataclass(frozen=True)
+class Insert:
+    """OpenHands' insert: `text` as lines after line `line` (0: at the top)."""
+
+    path: str
+    line: int
+    text: str
+
+
+@dataclass(frozen=True)
 class Submit:
     summary: str | None = None
 
 
-Action = Union[Shell, View, Create, Replace, Submit]
+Action = Union[Shell, View, Create, Replace, Edits, Insert, Submit]
 
 
 @dataclass(frozen=True)
 class ToolVocabulary:
     """How one harness's tool calls map to actions. `read(name, arguments, result)` gets the call's recorded
-    result text too (react's `view` of a directory is known to be one by its listing)."""
+    result text too (react's `view` of a directory is known to be one by its listing); `write(action,
+    workdir)` gets the task's working directory (OpenHands' file_editor takes absolute paths only)."""
 
     harness: str
     read: Callable[[str, dict[str, Any], str], Action]
-    write: Callable[[Action], tuple[str, dict[str, Any]]]
+    write: Callable[[Action, str], tuple[str, dict[str, Any]] | None]
 
 
 # --- react ------------------------------------------------------------------------------------------
@@ -90,7 +112,8 @@ def _react_read(name: str, arguments: dict[str, Any], result: str) -> Action:
             return View(arguments["path"], tuple(view_range) if view_range else None,
                         is_dir=_looks_like_listing(arguments["path"], result))
         if name == "create":
-            return Create(arguments["path"], arguments["content"])
+            overwrites = True if result.startswith("Overwrote ") else False if result.startswith("Created ") else None
+            return Create(arguments["path"], arguments["content"], overwrites=overwrites)
         if name == "str_replace":
             return Replace(arguments["path"], arguments["old_str"], arguments["new_str"])
         if name == "submit":
@@ -107,15 +130,17 @@ def _looks_like_listing(path: str, result: str) -> bool:
         and not result.endswith(" is empty")
 
 
-def _react_write(action: Action) -> tuple[str, dict[str, Any]]:
+def _react_write(action: Action, workdir: str) -> tuple[str, dict[str, Any]]:
     if isinstance(action, Shell):
         return "bash", {"command": action.command}
     if isinstance(action, View):
         return "view", {"path": action.path, **({"view_range": list(action.view_range)} if action.view_range else {})}
-    if isinstance(action, Create):
+    if isinstance(action, Create) and not action.append:
         return "create", {"path": action.path, "content": action.content}
     if isinstance(action, Replace):
         return "str_replace", {"path": action.path, "old_str": action.old, "new_str": action.new}
+    if not isinstance(action, Submit):  # appending, Kimi's edits, an insert: react's bash does them
+        return "bash", {"command": shell_command(action)}
     return "submit", ({"summary": action.summary} if action.summary else {})
 
 
@@ -130,7 +155,7 @@ def _mini_read(name: str, arguments: dict[str, Any], result: str) -> Action:
     return Shell(command)
 
 
-def _mini_write(action: Action) -> tuple[str, dict[str, Any]]:
+def _mini_write(action: Action, workdir: str) -> tuple[str, dict[str, Any]]:
     return "bash", {"command": shell_command(action)}
 
 
@@ -149,6 +174,10 @@ def shell_command(action: Action) -> str:
             return f"cat -n {path} | sed -n '{first},{'$' if last == -1 else last}p'"
         return f"cat -n {path}"
     if isinstance(action, Create):
+        if action.append:  # python3, not a heredoc: appending text without a final newline stays exact
+            return _python_script(f"path, text = {action.path!r}, {action.content!r}",
+                                  "with open(path, 'a', encoding='utf-8', errors='surrogateescape', newline='') as f:",
+                                  "    f.write(text)")
         delimiter = _heredoc_delimiter(action.content)
         body = action.content if action.content.endswith("\n") else action.content + "\n"
         trim = "" if action.content.endswith("\n") or not action.content else f" && truncate -s -1 {path}"
@@ -157,6 +186,22 @@ def shell_command(action: Action) -> str:
         if not action.content:
             return f"{mkdir}: > {path}"
         return f"{mkdir}cat > {path} <<'{delimiter}'{trim}\n{body}{delimiter}"
+    if isinstance(action, Edits):
+        return _python_script(f"path, edits = {action.path!r}, {list(action.edits)!r}", _READ,
+                              "before = text",
+                              "for old, new, every in edits:",
+                              "    text = text.replace(old, new) if every else text.replace(old, new, 1)",
+                              "if text == before:",
+                              "    sys.exit('No replacements were made. The old string was not found in the file.')",
+                              _WRITE, "print(f'Edited {path}')")
+    if isinstance(action, Insert):
+        return _python_script(f"path, after, new = {action.path!r}, {action.line!r}, {action.text!r}", _READ,
+                              "parts = text.split('\\n')",
+                              "lines = [part + '\\n' for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])",
+                              "if not 0 <= after <= len(lines):",
+                              "    sys.exit(f'insert_line {after} is not within [0, {len(lines)}]')",
+                              "text = ''.join(lines[:after] + [line + '\\n' for line in new.split('\\n')] + lines[after:])",
+                              _WRITE, "print(f'Edited {path}')")
     return _replace_script(action)
 
 
@@ -166,6 +211,18 @@ def _heredoc_delimiter(content: str) -> str:
     while delimiter in lines:
         delimiter += "_X"
     return delimiter
+
+
+_READ = ("with open(path, encoding='utf-8', errors='surrogateescape', newline='') as f:\n"
+         "    text = f.read()")
+_WRITE = ("with open(path, 'w', encoding='utf-8', errors='surrogateescape', newline='') as f:\n"
+          "    f.write(text)")
+
+
+def _python_script(*lines: str) -> str:
+    script = "\n".join(["import sys", *lines])
+    delimiter = _heredoc_delimiter(script)
+    return f"python3 - <<'{delimiter}'\n{script}\n{delimiter}"
 
 
 def _replace_script(action: Replace) -> str:
@@ -194,6 +251,9 @@ VOCABULARIES: dict[str, ToolVocabulary] = {
 
 
 def vocabulary(harness: str) -> ToolVocabulary:
+    from orchard.recipes.translate_agents import AGENT_VOCABULARIES  # they build on the actions above
+
+    VOCABULARIES.update(AGENT_VOCABULARIES)
     try:
         return VOCABULARIES[harness]
     except KeyError:

@@ -42,14 +42,30 @@ class TaskText:
 class Dialect(Protocol):
     name: str
     version: str
-    tool_definitions: list[dict[str, Any]]
+    ends_on_reply: bool  # a reply without tool calls ends the run (no nudge follows it)
 
-    def prompts(self, task_id: str, instruction: str, workdir: str) -> tuple[str, str]: ...
+    def initial_messages(self, task_id: str, instruction: str, workdir: str) -> tuple[list[dict[str, Any]],
+                                                                                      list[dict[str, Any]]]: ...
     def read_task(self, trajectory: Trajectory) -> TaskText: ...
     def read_result(self, function_name: str, result: ObservationResult | None) -> Observed: ...
     def result_messages(self, calls: list[tuple[str, str, Observed]]) -> list[dict[str, Any]]: ...
     def result_text(self, function_name: str, observed: Observed) -> str: ...
-    def no_tool_call_message(self) -> str: ...
+    def no_tool_call_message(self) -> str | None: ...
+
+
+class _TemplatedDialect:
+    """A harness whose prompts this process renders (react, mini-swe-agent): a system and a task message."""
+
+    ends_on_reply = False
+    tool_definitions: list[dict[str, Any]]
+
+    def prompts(self, task_id: str, instruction: str, workdir: str) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def initial_messages(self, task_id: str, instruction: str, workdir: str) -> tuple[list[dict[str, Any]],
+                                                                                      list[dict[str, Any]]]:
+        system, instance = self.prompts(task_id, instruction, workdir)
+        return [{"role": "system", "content": system}, {"role": "user", "content": instance}], self.tool_definitions
 
 
 def _sentinel_regex(rendered: str, sentinels: dict[str, str]) -> re.Pattern[str]:
@@ -71,7 +87,7 @@ def _first_user_message(trajectory: Trajectory) -> str:
 
 # --- react ------------------------------------------------------------------------------------------
 
-class ReactDialect:
+class ReactDialect(_TemplatedDialect):
     name = "react"
 
     def __init__(self) -> None:
@@ -132,7 +148,7 @@ class ReactDialect:
 
 # --- mini-swe-agent ---------------------------------------------------------------------------------
 
-class MiniSweAgentDialect:
+class MiniSweAgentDialect(_TemplatedDialect):
     name = "mini-swe-agent"
 
     def __init__(self, system_info: dict[str, str] | None = None) -> None:
@@ -230,8 +246,12 @@ DIALECTS = {"react": ReactDialect, "mini-swe-agent": MiniSweAgentDialect}
 
 
 def dialect(harness: str) -> Dialect:
+    from orchard.recipes.translate_captured import CAPTURED_HARNESSES, CapturedDialect
+
+    if harness in CAPTURED_HARNESSES:
+        return CapturedDialect(harness)
     try:
         return DIALECTS[harness]()
     except KeyError:
         raise UntranslatableCall(f"cannot translate to or from harness {harness!r}; translation knows "
-                                 f"{', '.join(sorted(DIALECTS))}") from None
+                                 f"{', '.join(sorted([*DIALECTS, *CAPTURED_HARNESSES]))}") from None

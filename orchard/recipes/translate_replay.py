@@ -5,7 +5,8 @@ printed comes back too, to use as the translated trajectory's observations.
 
 react's calls run through its `SandboxTools`; mini-swe-agent's through its `Environment` on the sandbox (the
 package's synchronous protocol, in a thread, bridged to this event loop as the harness runs it). A call
-that submits ends the replay, as it ends the run."""
+that submits ends the replay, as it ends the run. Kimi-CLI and OpenHands have no tools in this process:
+their translations are replayed by running the harness itself (translate_harness_replay.replay_in_harness)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ async def replay_patch(orch: AsyncOrchard, task: Task, trajectory: Trajectory, *
     step for which it is true (`ReplayResult.patches`, by step_id); a step that submits ends the replay."""
     runner_class = RUNNERS.get(trajectory.agent.name)
     if runner_class is None:
-        raise ValueError(f"no replay for harness {trajectory.agent.name!r}; replay knows {', '.join(RUNNERS)}")
+        raise ValueError(f"no tool replay for harness {trajectory.agent.name!r} (it knows {', '.join(RUNNERS)}); "
+                         "replay_in_harness (translate_harness_replay.py) runs any harness itself")
     sandbox = await create_task_sandbox(orch, task)
     try:
         workdir = task.environment.workdir

@@ -251,5 +251,5 @@ def test_orchard_train_sft_with_credit_and_a_target_harness(failed, tmp_path):
     assert credit["recovered"] and all(s["rollout_key"].endswith("@mini-swe-agent") for s in credit["recovered"])
     assert (out / "model" / "config.json").is_file()
     bad = CliRunner().invoke(app, ["train", "sft", str(directory / "oracle"), "--model", str(model), "--out",
-                                   str(tmp_path / "x"), "--target-harness", "openhands"])
-    assert bad.exit_code == 2 and "cannot translate to or from harness 'openhands'" in bad.output
+                                   str(tmp_path / "x"), "--target-harness", "no-such-harness"])
+    assert bad.exit_code == 2 and "cannot translate to or from harness 'no-such-harness'" in bad.output

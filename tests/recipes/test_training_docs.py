@@ -4,7 +4,9 @@ like the repository root (the files the blocks name are copied in). Each block i
 
 - `cli`: each line is an `orchard ...` command, run through the real CLI; it must succeed;
 - `python`: executed;
-- `example-file PATH`: the block is the file's content, character for character.
+- `example-file PATH`: the block is the file's content, character for character;
+- `in-file PATH`: the block appears in that file (a test that needs more than the page's runs: the
+  Kimi-CLI and OpenHands bundles), checked here, run there.
 
 The fast test stands a tiny random model in for `orchard train export-smollm2`'s output (the model is what
 differs, not the commands); the slow test runs the quick start as written, with the real SmolLM2."""
@@ -72,12 +74,16 @@ def run_command(line: str, number: int, *, real_export: bool, root: Path) -> Non
 
 def test_every_block_has_a_known_check():
     kinds = [kind for kind, *_ in blocks()]
-    assert set(kinds) <= {"cli", "python", "example-file"} and {"cli", "python", "example-file"} <= set(kinds)
+    assert set(kinds) <= {"cli", "python", "example-file", "in-file"} and \
+        {"cli", "python", "example-file"} <= set(kinds)
+    doc_blocks.check_in_file_blocks(DOC)
 
 
 @pytest.mark.slow  # an eval run and every recipe's short runs on a tiny model: minutes on 2 cores
 def test_every_example_runs_as_written(workdir):
     for kind, argument, code, line in blocks():
+        if kind == "in-file":
+            continue  # checked by test_every_block_has_a_known_check, run by the test that holds it
         if kind == "example-file":
             assert code == (ROOT / argument).read_text(), f"{DOC.name}:{line} differs from {argument}: copy it in"
         elif kind == "cli":

@@ -164,7 +164,7 @@ def test_a_tool_the_target_cannot_express_is_refused_not_guessed():
     kept, refused = translate_all([trajectory], "mini-swe-agent")
     assert kept == [] and "browse" in refused["r"]
     with pytest.raises(UntranslatableCall, match="translation knows"):
-        translate_trajectory(trajectory, "openhands")
+        translate_trajectory(trajectory, "no-such-harness")
     text_mode = trajectory.model_copy(update={"agent": Agent(name="mini-swe-agent", version="1",
                                                              extra={"mode": "text"})})
     with pytest.raises(UntranslatableCall, match="text mode"):
