@@ -52,7 +52,8 @@ def sft(
     bf16: Annotated[Optional[bool], typer.Option(
         "--bf16/--no-bf16", help="bfloat16 mixed precision (default: where the GPU supports it).")] = None,
     target_harness: Annotated[Optional[str], typer.Option(
-        help="Translate every rollout into this harness's prompts and tools first (react, mini-swe-agent).")
+        help="Translate every rollout into this harness's prompts and tools first (react, mini-swe-agent, "
+             "kimi-cli, openhands; the last two run once per task to capture their prompts).")
     ] = None,
     credit_assignment: Annotated[bool, typer.Option(
         help="Also train the steps of failed rollouts that made progress (hindsight credit, sandboxes).")] = False,
