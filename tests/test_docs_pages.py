@@ -332,7 +332,7 @@ def test_orchestrator_signatures_are_sandbox_services():
             if returns is not None:
                 assert inspect.signature(member).return_annotation == returns, f"{where} returns {returns}?"
             checked.append(name)
-    assert len(checked) == 12, checked
+    assert len(checked) == 13, checked
     shown_fields = re.search(r"reconcile\(\) -> ReconcileReport\s+# (.*)", code).group(1)
     assert [f.strip() for f in shown_fields.split(",")] == list(ReconcileReport.model_fields)
 

@@ -12,6 +12,7 @@ from orchard.core.atif import from_atif, to_atif
 from orchard.core.chat import chat_tools, to_chat_messages, to_chat_sample
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.jsonl import read_jsonl, write_jsonl
+from orchard.core.sandbox import StartupTimings
 from orchard.core.trajectory import (
     Agent,
     ContentPart,
@@ -81,7 +82,9 @@ def rich_trajectory() -> Trajectory:
         session_id="run-42", agent=Agent(name="react", version="0.3.1", model_name="qwen3-8b",
                                          tool_definitions=[BASH_TOOL], extra={"prompt": "v2"}),
         steps=steps, notes="rich fixture", subagent_trajectories=[sub],
-        final_metrics=FinalMetrics.from_llm_calls(calls, total_steps=4, wall_time_s=12.5, sandbox_cpu_s=3.25),
+        final_metrics=FinalMetrics.from_llm_calls(
+            calls, total_steps=4, wall_time_s=12.5, sandbox_cpu_s=3.25,
+            sandbox_startup=StartupTimings(backend_create_ms=20.0, first_health_ms=1.5, total_ms=25.0)),
         task_id="django__django-11099", rollout_key="rk-7",
         outcome=Outcome(reward=1.0, resolved=True, details={"tests": {"passed": 3, "failed": 0}}),
         llm_calls=calls, extra={"dataset": "unit"})
@@ -111,7 +114,9 @@ def test_atif_export_is_plain_atif_with_orchard_fields_under_extra():
     assert document["extra"]["dataset"] == "unit"
     final = document["final_metrics"]
     assert final["total_prompt_tokens"] == 92 and final["total_completion_tokens"] == 18
-    assert final["extra"]["orchard"] == {"wall_time_s": 12.5, "sandbox_cpu_s": 3.25, "n_llm_calls": 3}
+    assert final["extra"]["orchard"] == {"wall_time_s": 12.5, "sandbox_cpu_s": 3.25, "n_llm_calls": 3,
+                                         "sandbox_startup": {"backend_create_ms": 20.0, "first_health_ms": 1.5,
+                                                             "total_ms": 25.0}}
     step3 = document["steps"][2]
     assert step3["extra"] == {"harness_step": "act", "orchard": {
         "llm_call_ids": ["c1"],
