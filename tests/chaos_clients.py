@@ -36,6 +36,7 @@ class Tally:
     hangs: list[str] = field(default_factory=list)
     wrong_answers: list[str] = field(default_factory=list)
     seen_ids: set[str] = field(default_factory=set)
+    create_s: list[float] = field(default_factory=list)  # successful creates, end to end
 
     def record(self, what: str, exc: BaseException) -> None:
         if isinstance(exc, Hang):
@@ -48,7 +49,9 @@ class Tally:
             self.errors[f"{type(exc).__name__}: {_shape(str(exc))}"] += 1
 
     def summary(self) -> str:
-        lines = [f"cycles ok {self.cycles_ok}, failed {self.cycles_failed}, sandboxes {len(self.seen_ids)}"]
+        times = sorted(self.create_s) or [0.0]
+        lines = [f"cycles ok {self.cycles_ok}, failed {self.cycles_failed}, sandboxes {len(self.seen_ids)}; "
+                 f"create p50 {times[len(times) // 2]:.2f} s, max {times[-1]:.2f} s"]
         lines += [f"  {n:5d} x {kind}" for kind, n in self.errors.most_common()]
         return "\n".join(lines)
 
@@ -87,15 +90,18 @@ async def delete_until_gone(orch: AsyncOrchard, sandbox_id: str, tally: Tally, s
 
 
 async def one_cycle(orch: AsyncOrchard, rng: random.Random, spec: dict[str, Any], tally: Tally,
-                    stop_at: float) -> None:
+                    stop_at: float) -> bool:
+    """One create → use → delete; False when the create failed (nothing to use)."""
+    began = time.monotonic()
     try:
         sandbox = await bounded(orch.create(**spec), "create")
     except Exception as exc:  # noqa: BLE001
         tally.record("create", exc)
         tally.cycles_failed += 1
         await asyncio.sleep(RETRY_PAUSE_S)  # the orchestrator may be restarting
-        return
+        return False
     tally.seen_ids.add(sandbox.id)
+    tally.create_s.append(time.monotonic() - began)
     ok = False
     try:
         word = f"w{rng.getrandbits(32):x}"
@@ -117,17 +123,20 @@ async def one_cycle(orch: AsyncOrchard, rng: random.Random, spec: dict[str, Any]
             tally.cycles_ok += 1
         else:
             tally.cycles_failed += 1
+    return True
 
 
 async def run_workers(make_client: Callable[[], AsyncOrchard], spec: dict[str, Any], *, workers: int,
                       cycles: int, stop_at: float, seed: int, tally: Tally) -> None:
-    """`workers` loops sharing a budget of `cycles`, until it is spent or `stop_at` (monotonic) passes."""
-    budget = iter(range(cycles))
+    """`workers` loops sharing a budget of `cycles` sandboxes (creates that failed, e.g. while the
+    orchestrator was down, do not spend it), until it is spent or `stop_at` (monotonic) passes."""
+    left = [cycles]
 
     async def worker(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
         async with make_client() as orch:
-            while time.monotonic() < stop_at and next(budget, None) is not None:
-                await one_cycle(orch, rng, spec, tally, stop_at + 30)
+            while time.monotonic() < stop_at and left[0] > 0:
+                if await one_cycle(orch, rng, spec, tally, stop_at + 30):
+                    left[0] -= 1
 
     await asyncio.gather(*(worker(i) for i in range(workers)))

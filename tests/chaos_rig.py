@@ -64,6 +64,7 @@ class ChaosServer:
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self.kills = 0
+        self.start_s: list[float] = []  # how long each start took until /healthz answered
 
     @property
     def log(self) -> Path:
@@ -77,12 +78,14 @@ class ChaosServer:
             self.process = subprocess.Popen([sys.executable, "-c", SERVE, json.dumps(self.options)],
                                             cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.starts += 1
-        deadline = time.monotonic() + START_TIMEOUT_S
+        began = time.monotonic()
+        deadline = began + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"the orchestrator exited with {self.process.returncode}:\n{self.tail()}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    self.start_s.append(time.monotonic() - began)
                     return
             except httpx.TransportError:
                 pass
@@ -258,7 +261,7 @@ def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
 
 
 def k8s_footprint(kubeconfig: str, namespace: str, instance: str) -> Footprint:
-    """Pods (not already being deleted), Secrets and NetworkPolicies of one backend instance (its label
+    """Pods (those being deleted too), Secrets and NetworkPolicies of one backend instance (its label
     selector) in `namespace`."""
     from kubernetes import client
 
@@ -270,8 +273,7 @@ def k8s_footprint(kubeconfig: str, namespace: str, instance: str) -> Footprint:
     try:
         core, net = client.CoreV1Api(api), client.NetworkingV1Api(api)
         return Footprint(
-            pods=[p.metadata.name for p in core.list_namespaced_pod(namespace, label_selector=selector).items
-                  if p.metadata.deletion_timestamp is None],
+            pods=k8s_pod_names(kubeconfig, namespace, instance),
             secrets=[s.metadata.name for s in
                      core.list_namespaced_secret(namespace, label_selector=selector).items],
             network_policies=[p.metadata.name for p in
@@ -331,3 +333,44 @@ def kill_in_local_sandbox(home: Path, rng, what: str) -> str | None:
         if pids and _kill(pids[0]):
             return record.id
     return None
+
+
+# --- chaos on the Kubernetes backend -------------------------------------------------------------------
+
+
+def k8s_pod_names(kubeconfig: str, namespace: str, instance: str) -> list[str]:
+    """Every Pod of one backend instance, those being deleted included."""
+    from kubernetes import client
+
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.k8s_pods import instance_selector
+
+    api = load_api_client(kubeconfig)
+    try:
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=instance_selector(instance))
+        return [p.metadata.name for p in pods.items]
+    finally:
+        api.close()
+
+
+def delete_random_pod(kubeconfig: str, namespace: str, instance: str, rng) -> str | None:
+    """Delete one random Pod of the instance at once (grace 0), as a node failure or eviction would."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from orchard.sandbox.backends.k8s_client import load_api_client
+
+    names = k8s_pod_names(kubeconfig, namespace, instance)
+    if not names:
+        return None
+    name = rng.choice(names)
+    api = load_api_client(kubeconfig)
+    try:
+        client.CoreV1Api(api).delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        return name
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    finally:
+        api.close()

@@ -1,12 +1,13 @@
-"""Chaos: many create → exec → (file round trip) → delete cycles against a real `orchard serve` while
-sandboxes' agents, namespace inits and bwrap monitors are SIGKILLed at random and the orchestrator itself
-is SIGKILLed and restarted (re-adopting what runs). Afterwards nothing may be left: no process, mount,
-cgroup, directory or store row of any sandbox of the run (for Kubernetes: no Pod, Secret or
-NetworkPolicy of the run's instance), no sampled moment may have had more sandboxes than the bound, every
-error the clients saw must be one of Orchard's typed errors with a clear message, and no call may hang.
+"""Chaos: many create → exec → (file round trip) → delete cycles against a real `orchard serve`, capped
+below the number of clients, while sandboxes are killed underneath (local: SIGKILL of an agent, a pid
+namespace init or a bwrap monitor; Kubernetes: a Pod deleted with grace 0) and the orchestrator itself is
+SIGKILLed and restarted (re-adopting what runs). Afterwards nothing may be left: no process, mount,
+cgroup, directory or live store row of any sandbox of the run (Kubernetes: no Pod, Secret or
+NetworkPolicy of the run's backend instance); no sampled moment may have had more sandboxes than the cap;
+every error the clients saw must be one of Orchard's typed errors with a clear message; no call may hang.
 
 How long it runs (see docs/robustness.md):
-- ORCHARD_CHAOS_CYCLES: cycles in all (default 2000 local, 40 Kubernetes);
+- ORCHARD_CHAOS_CYCLES: sandboxes created and used in all (default 2000 local, 40 Kubernetes);
 - ORCHARD_CHAOS_SECONDS: at most this long under chaos (default 75 local, 90 Kubernetes); the run ends
   at whichever comes first;
 - ORCHARD_CHAOS_WORKERS: clients at once (default 8 local, 4 Kubernetes);
@@ -20,20 +21,26 @@ import random
 import secrets
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from orchard.core.errors import CapacityExceeded
 from orchard.sandbox.client import AsyncOrchard
 from tests.chaos_clients import Tally, run_workers
-from tests.chaos_rig import (MARK, ChaosServer, Sampler, kill_in_local_sandbox, local_footprint,
-                             local_sandbox_count, new_mark, store_states, wait_until_empty)
+from tests.chaos_rig import (MARK, ChaosServer, Sampler, delete_random_pod, k8s_footprint, k8s_pod_names,
+                             kill_in_local_sandbox, local_footprint, local_sandbox_count, new_mark, store_states,
+                             wait_until_empty)
+from tests.k8s_cluster import CLUSTER_SCRIPT, POD_PIDS_LIMIT, require_cluster
 from tests.running_server import remove_live_sandboxes
 
 # Fewer places than clients, so creates wait at the cap (and some get 429) all the time.
 CAP_BELOW_WORKERS = 2
 ORCHESTRATOR_KILL_EVERY_S = 12.0  # on average; each restart costs the clients a few seconds of outage
 CLIENT_TIMEOUT_S = 30.0
+K8S_IMAGE = "localhost/orchard-base:local"  # the dev cluster's busybox base (scripts/k8s/cluster.sh)
 
 
 def _setting(name: str, default: float) -> float:
@@ -41,77 +48,182 @@ def _setting(name: str, default: float) -> float:
     return float(value) if value else default
 
 
-async def _chaos(server: ChaosServer, home: Path, rng: random.Random, stop_at: float, kills: Counter) -> None:
-    """Until `stop_at`: every 50-400 ms SIGKILL a part of some sandbox; every ~12 s the orchestrator."""
-    next_crash = time.monotonic() + ORCHESTRATOR_KILL_EVERY_S * rng.uniform(0.3, 1.0)
+@dataclass
+class ChaosRun:
+    """What one chaos run did and saw."""
+
+    tally: Tally
+    kills: Counter
+    sampler: Sampler
+    elapsed_s: float
+    left_listed: list[str]  # sandboxes the orchestrator still listed after the final sweep
+
+    def summary(self, seed: int, workers: int, cap: int, server: ChaosServer) -> str:
+        return (f"\nchaos seed {seed}: {self.elapsed_s:.0f} s, {workers} workers, kills {dict(self.kills)}, "
+                f"orchestrator starts {server.starts} ({', '.join(f'{t:.1f}' for t in server.start_s)} s); peak {self.sampler.peak} sandboxes, cap {cap} "
+                f"({len(self.sampler.samples)} samples)\n{self.tally.summary()}")
+
+
+async def _chaos(server: ChaosServer, kill_part: Callable[[random.Random], str | None], rng: random.Random,
+                 stop_at: float, kills: Counter, crash_every_s: float, tally: Tally,
+                 kill_every_cycles: tuple[int, int]) -> None:
+    """Until `stop_at`: `kill_part` (returns what it killed, or None) once every few sandboxes handed out (a
+    number drawn from `kill_every_cycles`: paced by the clients' progress, so a slow machine gets as much
+    chaos per cycle as a fast one); every ~`crash_every_s` the orchestrator (SIGKILL, down for up to a second, then
+    started again)."""
+    next_crash = time.monotonic() + crash_every_s * rng.uniform(0.3, 1.0)
+    next_kill = rng.randint(*kill_every_cycles)
     while time.monotonic() < stop_at:
-        await asyncio.sleep(rng.uniform(0.05, 0.4))
+        await asyncio.sleep(rng.uniform(0.02, 0.1))
         if time.monotonic() >= next_crash:
             await asyncio.to_thread(server.kill)
             kills["orchestrator"] += 1
             await asyncio.sleep(rng.uniform(0.0, 1.0))  # down a while: clients meet a closed port
             await asyncio.to_thread(server.start)
-            next_crash = time.monotonic() + ORCHESTRATOR_KILL_EVERY_S * rng.uniform(0.5, 1.5)
-        else:
-            what = rng.choice(("agent", "agent", "init", "monitor"))
-            if await asyncio.to_thread(kill_in_local_sandbox, home, rng, what):
+            next_crash = time.monotonic() + crash_every_s * rng.uniform(0.5, 1.5)
+        elif len(tally.seen_ids) >= next_kill:
+            what = await asyncio.to_thread(kill_part, rng)
+            if what:
                 kills[what] += 1
+                next_kill = len(tally.seen_ids) + rng.randint(*kill_every_cycles)
+
+
+async def _run_chaos(server: ChaosServer, spec: dict, *, kill_part: Callable[[random.Random], str | None],
+                     kill_every_cycles: tuple[int, int], count: Callable[[], int], sample_every_s: float,
+                     crash_every_s: float, workers: int, cycles: int, seconds: float, seed: int) -> ChaosRun:
+    """Clients and chaos together; then one last orchestrator crash with a sandbox running, which the
+    restarted one must adopt, a sweep that deletes whatever is listed, and a graceful stop."""
+    tally, kills, rng = Tally(), Counter(), random.Random(seed)
+    server.start()
+    started = time.monotonic()
+    stop_at = started + seconds
+    with Sampler(count, sample_every_s) as sampler:
+        await asyncio.gather(
+            run_workers(lambda: AsyncOrchard(server.url, server.api_key, timeout=CLIENT_TIMEOUT_S), spec,
+                        workers=workers, cycles=cycles, stop_at=stop_at, seed=seed, tally=tally),
+            _chaos(server, kill_part, rng, stop_at, kills, crash_every_s, tally, kill_every_cycles))
+        elapsed = time.monotonic() - started
+        survivor = await _create_survivor(server, spec)
+        server.kill()
+        server.start()
+        async with AsyncOrchard(server.url, server.api_key, timeout=CLIENT_TIMEOUT_S) as orch:
+            # Re-adopted: the same sandbox, ready, reachable with the token it was created with.
+            assert (await orch.get(survivor.id)).state == "ready"
+            async with await orch.connect(survivor.id) as sandbox:
+                assert (await sandbox.exec("echo survived")).stdout == "survived\n"
+            for info in await orch.list():
+                await orch.delete(info.id)
+            left = [f"{i.id}={i.state}" for i in await orch.list()]
+        server.stop()
+    return ChaosRun(tally, kills, sampler, elapsed, left)
+
+
+async def _create_survivor(server: ChaosServer, spec: dict):
+    """One sandbox made just before the last crash, which the next orchestrator must adopt. Sandboxes
+    whose creates were answered to nobody may still hold the cap until their heartbeat timeout."""
+    deadline = time.monotonic() + 90
+    async with AsyncOrchard(server.url, server.api_key, timeout=CLIENT_TIMEOUT_S) as orch:
+        while True:
+            try:
+                return await orch.create(**spec, detach=True)
+            except CapacityExceeded:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
+
+
+def _check(run: ChaosRun, cap: int, expected_kills: tuple[str, ...]) -> None:
+    """What every chaos run must show, whatever the backend."""
+    assert run.left_listed == []
+    assert not run.tally.hangs, run.tally.hangs[:5]
+    assert not run.tally.unexpected, run.tally.unexpected[:5]
+    assert not run.tally.wrong_answers, run.tally.wrong_answers[:5]
+    assert not run.sampler.errors, run.sampler.errors[:5]
+    assert run.sampler.peak <= cap, f"{run.sampler.peak} sandboxes at once, over the cap of {cap}"
+    # The chaos really happened, and the clients really worked through it.
+    assert all(run.kills[what] for what in expected_kills), run.kills
+    # (creates fail by design while the orchestrator is down; most sandboxes handed out must be usable)
+    assert run.tally.cycles_ok * 2 > len(run.tally.seen_ids), run.tally.summary()
+
+
+def _kill_in_local_sandbox(home, rng: random.Random) -> str | None:
+    what = rng.choice(("agent", "agent", "init", "monitor"))
+    return what if kill_in_local_sandbox(home, rng, what) else None
 
 
 @pytest.mark.slow
 async def test_chaos_on_the_local_backend_leaves_nothing(tmp_path):
-    cycles = int(_setting("CYCLES", 2000))
-    seconds = _setting("SECONDS", 75)
-    workers = int(_setting("WORKERS", 8))
-    seed = int(_setting("SEED", 13))
-    home, mark, key = tmp_path, new_mark(), secrets.token_urlsafe(16)
+    cycles, seconds = int(_setting("CYCLES", 2000)), _setting("SECONDS", 75)
+    workers, seed = int(_setting("WORKERS", 8)), int(_setting("SEED", 13))
+    home, mark = tmp_path, new_mark()
     cap = max(1, workers - CAP_BELOW_WORKERS)
-    server = ChaosServer(home, key, options={"caps": {"max_sandboxes": cap, "wait_s": 2.0}})
-    tally, kills = Tally(), Counter()
+    server = ChaosServer(home, secrets.token_urlsafe(16), options={"caps": {"max_sandboxes": cap, "wait_s": 2.0}})
     # A created sandbox whose answer never reached its client (the orchestrator died first, and the
     # SDK's retries with the same idempotency key ran out) is reaped by its heartbeat timeout.
     spec = {"env": {MARK: mark}, "labels": {"chaos": mark}, "timeout_s": 600, "heartbeat_timeout_s": 10}
-    rng = random.Random(seed)
     try:
-        server.start()
-        started = time.monotonic()
-        stop_at = started + seconds
-        with Sampler(lambda: local_sandbox_count(home)) as sampler:
-            await asyncio.gather(
-                run_workers(lambda: AsyncOrchard(server.url, key, timeout=CLIENT_TIMEOUT_S), spec,
-                            workers=workers, cycles=cycles, stop_at=stop_at, seed=seed, tally=tally),
-                _chaos(server, home, rng, stop_at, kills))
-            elapsed = time.monotonic() - started
-            # One last crash, then the next orchestrator re-adopts what runs and the sweep deletes it all.
-            server.kill()
-            server.start()
-            async with AsyncOrchard(server.url, key, timeout=CLIENT_TIMEOUT_S) as orch:
-                for info in await orch.list():
-                    await orch.delete(info.id)
-                left = [f"{i.id}={i.state}" for i in await orch.list()]
-            server.stop()
-        print(f"\nchaos seed {seed}: {elapsed:.0f} s, {workers} workers, kills {dict(kills)}, "
-              f"orchestrator starts {server.starts}; peak {sampler.peak} sandboxes on the host, cap {cap} "
-              f"({len(sampler.samples)} samples)\n{tally.summary()}")
-        assert left == []
-        ids = tally.seen_ids | set(store_states(home))
+        run = await _run_chaos(
+            server, spec, kill_part=lambda rng: _kill_in_local_sandbox(home, rng), kill_every_cycles=(1, 6),
+            # Directories exist from before anything of a sandbox runs until after all of it is gone.
+            count=lambda: local_sandbox_count(home), sample_every_s=0.05,
+            crash_every_s=ORCHESTRATOR_KILL_EVERY_S, workers=workers, cycles=cycles, seconds=seconds, seed=seed)
+        print(run.summary(seed, workers, cap, server))
+        ids = run.tally.seen_ids | set(store_states(home))
         footprint = wait_until_empty(lambda: local_footprint(home, mark, ids), timeout_s=15)
         assert footprint.empty, f"left behind: {footprint.describe()}"
-
-        assert not tally.hangs, tally.hangs[:5]
-        assert not tally.unexpected, tally.unexpected[:5]
-        assert not tally.wrong_answers, tally.wrong_answers[:5]
-        assert not sampler.errors, sampler.errors[:5]
-        # The cap held at every sample, counted from the host: directories exist from before anything
-        # of a sandbox runs until after all of it is gone.
-        assert sampler.peak <= cap, f"{sampler.peak} sandboxes on the host at once, over the cap of {cap}"
-        # The chaos really happened, and the clients really worked through it.
-        assert kills["orchestrator"] >= 1 and kills["agent"] and kills["init"] and kills["monitor"], kills
-        assert tally.cycles_ok > tally.cycles_failed, tally.summary()
-        assert "adopted ['sb-" in server.tail(10**7), "no restart re-adopted a running sandbox"
+        _check(run, cap, ("orchestrator", "agent", "init", "monitor"))
     finally:
         server.kill()
         await asyncio.to_thread(remove_live_sandboxes, home)
+
+
+@pytest.mark.slow
+@pytest.mark.k8s
+async def test_chaos_on_kubernetes_leaves_nothing(tmp_path):
+    """Pods deleted at once (grace 0) at random and the orchestrator SIGKILLed and restarted; afterwards no
+    Pod, Secret or NetworkPolicy of the run's backend instance is left, and no store row but deleted ones."""
+    from kubernetes import client
+
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.k8s_images import import_injector_image
+
+    kubeconfig = require_cluster()
+    agent_image = import_injector_image(CLUSTER_SCRIPT)
+    cycles, seconds = int(_setting("CYCLES", 40)), _setting("SECONDS", 90)
+    workers, seed = int(_setting("WORKERS", 4)), int(_setting("SEED", 13))
+    namespace, instance = f"orchard-chaos-{secrets.token_hex(3)}", f"c{secrets.token_hex(4)}"
+    cap = max(1, workers - 1)
+    env = {"KUBECONFIG": kubeconfig, "ORCHARD_K8S_NAMESPACE": namespace, "ORCHARD_K8S_INSTANCE": instance,
+           "ORCHARD_K8S_AGENT_IMAGE": agent_image, "ORCHARD_K8S_IMAGE_PULL_POLICY": "Never",
+           "ORCHARD_K8S_POD_PIDS_LIMIT": str(POD_PIDS_LIMIT)}
+    server = ChaosServer(tmp_path, secrets.token_urlsafe(16), backend="kubernetes", env=env,
+                         options={"caps": {"max_sandboxes": cap, "wait_s": 30.0}})
+    spec = {"image": K8S_IMAGE, "cpu": 0.05, "memory_mb": 64, "labels": {"chaos": instance}, "timeout_s": 600,
+            "heartbeat_timeout_s": 30}
+    try:
+        run = await _run_chaos(
+            server, spec,
+            kill_part=lambda rng: "pod" if delete_random_pod(kubeconfig, namespace, instance, rng) else None,
+            kill_every_cycles=(1, 4),
+            count=lambda: len(k8s_pod_names(kubeconfig, namespace, instance)), sample_every_s=0.25,
+            crash_every_s=30.0, workers=workers, cycles=cycles, seconds=seconds, seed=seed)
+        print(run.summary(seed, workers, cap, server))
+        footprint = wait_until_empty(lambda: k8s_footprint(kubeconfig, namespace, instance), timeout_s=60)
+        assert footprint.empty, f"left behind: {footprint.describe()}"
+        assert [i for i, state in store_states(tmp_path).items() if state != "deleted"] == []
+        _check(run, cap, ("orchestrator", "pod"))
+    finally:
+        server.kill()
+        api = load_api_client(kubeconfig)
+        try:  # Pods first, at once: the namespace controller would wait for their grace periods
+            core = client.CoreV1Api(api)
+            core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+            core.delete_namespace(namespace)
+        except client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
+        finally:
+            api.close()
 
 
 async def test_the_orphan_check_sees_every_part_of_a_live_sandbox(tmp_path):
@@ -132,3 +244,35 @@ async def test_the_orphan_check_sees_every_part_of_a_live_sandbox(tmp_path):
         assert wait_until_empty(lambda: local_footprint(tmp_path, mark, {info.id}), timeout_s=10).empty
     finally:
         await service.stop(delete_all=True)
+
+
+def test_docs_robustness_shows_real_settings_tests_and_output():
+    """docs/robustness.md: the `chaos-run` lines set only the variables this module reads, and their `-k`
+    selects one test here (shape only: the runs take minutes); the `chaos-output` lines have the shape the
+    summary prints, with error kinds that are Orchard's error types."""
+    import re
+    import shlex
+
+    from orchard.core import errors
+    from tests import doc_blocks
+
+    page = doc_blocks.ROOT / "docs" / "robustness.md"
+    source = Path(__file__).read_text()
+    (_, runs, _), = doc_blocks.of_kind(page, "chaos-run")
+    for line in runs.strip().splitlines():
+        words = shlex.split(line)
+        settings = [w.split("=", 1)[0] for w in words if re.fullmatch(r"[A-Z0-9_]+=\S+", w)]
+        for name in settings:  # ORCHARD_CHAOS_* read here, ORCHARD_K8S by tests/k8s_cluster.py
+            assert (f'_setting("{name.removeprefix("ORCHARD_CHAOS_")}"' in source if name.startswith("ORCHARD_CHAOS_")
+                    else name == "ORCHARD_K8S"), line
+        command = words[len(settings):]
+        assert command[:3] == ["python", "-m", "pytest"] and "tests/test_chaos.py" in command, line
+        selector = command[command.index("-k") + 1]
+        assert len(re.findall(rf"^async def test_chaos_\w*{selector}\w*\(", source, re.M)) == 1, line
+    (_, output, _), = doc_blocks.of_kind(page, "chaos-output")
+    first, tally, *kinds = output.strip().splitlines()
+    assert first.startswith("chaos seed ") and " workers, kills {" in first
+    assert re.fullmatch(r"cycles ok \d+, failed \d+, sandboxes \d+; create p50 [\d.]+ s, max [\d.]+ s", tally)
+    for line in kinds:
+        kind = re.fullmatch(r" +\d+ x (\w+): .+", line).group(1)
+        assert issubclass(getattr(errors, kind), errors.OrchardError), line

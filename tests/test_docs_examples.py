@@ -46,6 +46,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/images.md": {"tests/test_oci_images.py": {"shell", "cli", "python"}},
     "docs/orchestrator.md": {PAGES_MODULE: {"signatures"}},
     "docs/pools.md": {"tests/test_docs_pools.py": {"python", "yaml", "cli"}},
+    "docs/robustness.md": {"tests/test_chaos.py": {"chaos-run", "chaos-output"}},
 }
 
 FENCE = re.compile(r"^\s*(```|~~~)")
