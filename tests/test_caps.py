@@ -19,6 +19,7 @@ from orchard.core.errors import CapacityExceeded, IdempotencyConflict, SandboxLo
 from orchard.core.sandbox import STARTUP_STAGES, SandboxInfo, SandboxSpec
 from orchard.sandbox.client import AsyncOrchard
 from orchard.sandbox.server.admission import CreateCaps
+from orchard.sandbox.server.app import create_app
 from orchard.sandbox.server.models import AdmissionRules, SandboxRecord
 from orchard.sandbox.server.service import ACTIVE_STATES, SandboxService
 from orchard.sandbox.server.store import SandboxStore
@@ -156,6 +157,17 @@ async def test_a_create_over_the_rate_waits_for_its_turn_or_is_refused(service_w
     waits = sorted(info.startup.admission_wait_ms for info in infos)
     # Admitted one at a time, 0.5 s apart: the third waited for two tokens to come back (a lower bound).
     assert waits[2] >= 900 and waits[1] >= 400
+
+
+async def test_a_rate_refusal_over_http_says_when_to_retry(service_with):
+    """The REST app in process (httpx's ASGI transport) on a started service: 429 with Retry-After."""
+    service = await service_with(max_creates_per_s=0.05, create_burst=1, wait_s=0)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service, "key")),
+                                 base_url="http://orchard", headers={"Authorization": "Bearer key"}) as http:
+        assert (await http.post("/v1/sandboxes", json={})).status_code == 201
+        refused = await http.post("/v1/sandboxes", json={})
+    assert refused.status_code == 429 and refused.json()["error"] == "capacity_exceeded"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 20
 
 
 def test_orchestrators_sharing_a_store_never_admit_past_the_cap(tmp_path):

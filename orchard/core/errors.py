@@ -107,6 +107,10 @@ class CapacityExceeded(OrchardError):
     code = "capacity_exceeded"
     status = 429
 
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s  # when known (the create rate): HTTP's Retry-After
+
 
 class IdempotencyConflict(OrchardError):
     """A create reused an idempotency key that an earlier create used with a different spec. Nothing was

@@ -5,6 +5,7 @@ including FastAPI's own validation and routing errors and unexpected exceptions.
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +34,9 @@ def install_error_handlers(app: FastAPI, *, service: str, routes: str | None = N
     @app.exception_handler(OrchardError)
     async def orchard_error(_: Request, exc: OrchardError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
+        retry_after = getattr(exc, "retry_after_s", None)
+        if retry_after is not None:
+            headers = {"Retry-After": str(max(1, math.ceil(retry_after)))}
         return error_response(exc.status, exc.code, str(exc), headers)
 
     @app.exception_handler(RequestValidationError)

@@ -244,15 +244,17 @@ async def test_the_workload_cannot_open_its_agents_memory(backend):
     async with running(backend) as (_, agent):
         health = await agent.health()
         separate = health["workload_pid_namespace"] == "separate"
-        pids = (await agent.exec(AGENT_PIDS)).stdout.split()
+        # The commands' spawner (a fork of the agent too, in the workload's cgroup: test_workload_cgroup.py)
+        spawners = (await agent.exec("pgrep -x orchard-spawner")).stdout.split()
+        pids = [p for p in (await agent.exec(AGENT_PIDS)).stdout.split() if p not in spawners]
         assert pids == (["1"] if separate else [str(health["pid"])])
-        pid = pids[0]
-        for attack in (f"python3 -c \"open('/proc/{pid}/mem', 'r+b')\"", f"cat /proc/{pid}/environ",
-                       f"ls -l /proc/{pid}/fd/", f"cat /proc/{pid}/maps"):
-            r = await agent.exec(attack)
-            assert r.exit_code != 0 and "ermission denied" in r.stderr, (attack, r)
-        r = await agent.exec(f"strace -p {pid} -o /dev/null", timeout=30)  # ptrace: refused as well
-        assert r.exit_code != 0 and "ermitted" in r.stderr, r
+        for pid in pids[:1] + spawners:
+            for attack in (f"python3 -c \"open('/proc/{pid}/mem', 'r+b')\"", f"cat /proc/{pid}/environ",
+                           f"ls -l /proc/{pid}/fd/", f"cat /proc/{pid}/maps"):
+                r = await agent.exec(attack)
+                assert r.exit_code != 0 and "ermission denied" in r.stderr, (attack, r)
+            r = await agent.exec(f"strace -p {pid} -o /dev/null", timeout=30)  # ptrace: refused as well
+            assert r.exit_code != 0 and "ermitted" in r.stderr, r
         assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
 
 
@@ -349,7 +351,8 @@ async def test_the_workload_cannot_make_the_oom_killer_pick_its_agent(backend):
         init_pid = init_host_pid(sb)
         if has_cap_sys_resource():  # the backend exempts the init from the OOM killer where it can
             assert Path(f"/proc/{init_pid}/oom_score_adj").read_text().strip() == "-1000"
-        theirs = (await agent.exec(AGENT_PIDS)).stdout.split()
+        spawners = (await agent.exec("pgrep -x orchard-spawner")).stdout.split()  # the workload's side
+        theirs = [p for p in (await agent.exec(AGENT_PIDS)).stdout.split() if p not in spawners]
         r = await agent.exec("for f in /proc/[0-9]*/oom_score_adj; do echo 1000 > $f 2>/dev/null && echo $f; "
                              "done; true")
         raised = {line.split("/")[2] for line in r.stdout.split()}

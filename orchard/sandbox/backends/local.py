@@ -197,6 +197,7 @@ class LocalBackend:
                              run_dir=str(paths.run_dir), socket=str(paths.socket))
         agent_url = f"unix://{paths.socket}"
         listener: socket.socket | None = None
+        workload_fds: list[int] = []
         userns_w: int | None = None  # bwrap waits on this for its user namespace's id maps
         network: Future[int] | None = None  # network allowlist: set up while the agent starts
         try:
@@ -216,7 +217,7 @@ class LocalBackend:
                         os.chmod(paths.writable_dir / sub, 0o1777)
                     if remap:  # the sandbox's root owns its writable layer
                         os.chown(paths.writable_dir / sub, REMAP_BASE, REMAP_BASE)
-            cg = cgroups.create_cgroups(self._key(sandbox_id), spec)
+            cg = cgroups.create_cgroups(self._key(sandbox_id), spec, split=remap)
             handle.cgroups = cg.paths if cg else []
             require_enforceable(spec, cg)  # no limit silently weaker than asked
             # Recorded before anything runs and again once its processes are known, so that list_live can
@@ -229,6 +230,11 @@ class LocalBackend:
                 if self.agent_apart:
                     agent_argv += ["--agent-user", AGENT_USER]
             agent_argv += agent_gateway_args(gateway_socket)
+            # Opened here, as host root: the agent puts its commands' spawner into `workload` through them.
+            for procs in cg.workload_procs_files if cg else []:
+                workload_fds.append(os.open(procs, os.O_WRONLY | os.O_CLOEXEC))
+            if workload_fds:
+                agent_argv += ["--workload-cgroup-fds", ",".join(map(str, workload_fds))]
             owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
             proc, info_r, userns_w = spawn(
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
@@ -236,8 +242,11 @@ class LocalBackend:
                     spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd, token_fd,
                     hidden=self._hidden_paths(), userns_block_fd=block_fd, gateway_socket=gateway_socket,
                     harness_bundles=harness_bundles),
-                paths, token, listener.fileno(), block_userns=remap)
+                paths, token, listener.fileno(), block_userns=remap, keep_fds=tuple(workload_fds))
             listener.close()  # the agent has it now
+            for fd in workload_fds:
+                os.close(fd)
+            workload_fds = []
             self._children[sandbox_id] = proc
             handle.pid, handle.pid_start = proc.pid, process_start_time(proc.pid) or 0
             # At once: a crash from here on leaves a process that only this record leads back to.
@@ -277,6 +286,8 @@ class LocalBackend:
         except BaseException as e:
             if listener is not None:
                 listener.close()
+            for fd in workload_fds:
+                os.close(fd)
             if userns_w is not None:
                 os.close(userns_w)
             if network is not None:

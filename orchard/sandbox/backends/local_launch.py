@@ -87,13 +87,13 @@ def _memfd(name: str, data: bytes) -> int:
 
 def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int, int, int | None], list[str]],
           paths: SandboxPaths, token: str, listen_fd: int,
-          block_userns: bool = False) -> tuple[subprocess.Popen, int, int | None]:
+          block_userns: bool = False, keep_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int, int | None]:
     """Start the sandbox; returns the process (bwrap's monitor once the shell has exec'd), the read end of
     bwrap's info pipe and, with `block_userns`, the write end of the pipe bwrap waits on until the user
     namespace's id maps are written (`release_userns`). The makers get the fd numbers (bwrap's
     arguments; info pipe, token, userns pipe) the child will see. Arguments and token are handed over in
     anonymous memory files: nothing to create, reopen and unlink. `listen_fd` (the agent's listening
-    socket) is passed on at its own number."""
+    socket) and `keep_fds` are passed on at their own numbers."""
     info_r, info_w = os.pipe()
     child_fds = [info_w]
     block_r = block_w = None
@@ -111,7 +111,7 @@ def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int,
         child_fds.append(log_fd)
         proc = subprocess.Popen(make_argv(args_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=log_fd, start_new_session=True, env=HOST_ENV,
-                                pass_fds=(args_fd, info_w, token_fd, listen_fd,
+                                pass_fds=(args_fd, info_w, token_fd, listen_fd, *keep_fds,
                                           *([block_r] if block_r is not None else [])))
     except BaseException as e:
         os.close(info_r)

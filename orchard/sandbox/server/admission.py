@@ -107,7 +107,8 @@ class Admission:
                         "is freed when its sandbox's record expires)")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise CapacityExceeded(self._refusal(result, record.info.owner, time.monotonic() - started))
+                    raise CapacityExceeded(self._refusal(result, record.info.owner, time.monotonic() - started),
+                                           retry_after_s=result.retry_after_s)
                 if not waiting:
                     waiting, self.waiting = True, self.waiting + 1
                 pause = POLL_S if result.retry_after_s is None else max(result.retry_after_s, 0.001)
