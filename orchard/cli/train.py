@@ -257,7 +257,8 @@ def _print_rl_step(report: Any) -> None:
         behaviour = {"guided": " (guided: the oracle's replies, scored by the policy)",
                      "sampled": " (sampled by the policy)"}.get(rollout.get("behaviour", ""), "")
         out.print(f"  rollout {escape(str(rollout['rollout_key']))}{behaviour}: {escape(str(rollout['exit_status']))}, "
-                  f"{rollout['model_calls']} model calls, {rollout['sampled_tokens']} sampled tokens, "
+                  f"{rollout['model_calls']} model calls, {rollout['sampled_tokens']} "
+                  f"{'dictated' if rollout.get('behaviour') == 'guided' else 'sampled'} tokens, "
                   f"{rollout['environment_tokens']} environment tokens, {reward}")
     if report.retired:
         out.print(f"  retired (no signal): {escape(', '.join(f'{k} ({v})' for k, v in report.retired.items()))}")
