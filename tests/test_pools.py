@@ -26,7 +26,7 @@ from tests.running_server import live_sandbox_ids
 REPO = Path(__file__).resolve().parent.parent
 
 
-async def until(condition, timeout: float = 30.0, what: str = "the condition") -> None:
+async def until(condition, timeout: float = 90.0, what: str = "the condition") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"

@@ -122,6 +122,11 @@ class PoolManager:
     def status(self) -> list[PoolStatus]:
         return [p.status() for p in self.pools.values()]
 
+    @property
+    def stopping(self) -> bool:
+        """This manager or its service is stopping: no member starts."""
+        return self._stopping or self.service._closing
+
     # --- lifecycle -------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -291,7 +296,7 @@ class PoolManager:
         for pool in self.pools.values():
             spec = pool.spec
             while (pool.starting + len(pool.idle) < min(pool.target, spec.size_cap)
-                   and pool.starting < spec.refill_parallel and not self._stopping):
+                   and pool.starting < spec.refill_parallel and not self.stopping):
                 if now < pool.next_start:
                     wait = min(wait, pool.next_start - now)
                     break
@@ -322,7 +327,7 @@ class PoolManager:
             pool.failures_in_a_row += 1
             pool.last_error = str(e)
             pool.next_start = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** pool.failures_in_a_row)
-            if not self._stopping:
+            if not self.stopping:
                 log.warning("pool %s: starting a member failed (%s); retrying", pool.spec.name, e)
             return
         finally:
