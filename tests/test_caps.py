@@ -15,7 +15,7 @@ from typing import AsyncIterator
 import httpx
 import pytest
 
-from orchard.core.errors import CapacityExceeded, IdempotencyConflict, SandboxLost
+from orchard.core.errors import BackendError, CapacityExceeded, IdempotencyConflict, SandboxLost
 from orchard.core.sandbox import STARTUP_STAGES, SandboxInfo, SandboxSpec
 from orchard.sandbox.client import AsyncOrchard
 from orchard.sandbox.server.admission import CreateCaps
@@ -117,6 +117,20 @@ async def test_a_create_over_the_cap_waits_and_succeeds_once_one_is_deleted(serv
     assert info.state == "ready" and info.id != first.id
     assert info.startup.admission_wait_ms > 0
     assert_stages_consistent(info)
+
+
+async def test_a_create_waiting_for_a_place_gives_up_when_the_service_stops(tmp_path):
+    home = tmp_path / "home"
+    service = SandboxService.embedded(home, caps=CreateCaps(max_sandboxes=1, wait_s=60))
+    await service.start()
+    await service.create(SandboxSpec())
+    waiting = asyncio.create_task(service.create(SandboxSpec()))
+    while (await service.stats()).waiting == 0:
+        await asyncio.sleep(0.01)
+    await service.stop(delete_all=True)
+    with pytest.raises(BackendError, match="shutting down"):
+        await waiting
+    assert await live_sandbox_ids(home) == set()
 
 
 async def test_the_per_owner_cap_counts_each_owner_apart(service_with):

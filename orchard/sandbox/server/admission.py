@@ -19,11 +19,11 @@ import asyncio
 import hashlib
 import json
 import time
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchard.core.errors import CapacityExceeded, IdempotencyConflict, InvalidRequest
+from orchard.core.errors import BackendError, CapacityExceeded, IdempotencyConflict, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.server.models import Admitted, AdmissionRules, SandboxRecord
 from orchard.sandbox.server.store import SandboxStore
@@ -71,12 +71,15 @@ def spec_fingerprint(spec: SandboxSpec) -> str:
 
 
 class Admission:
-    """Admits new sandboxes into `store` under `caps`; `live_states` are the states that count."""
+    """Admits new sandboxes into `store` under `caps`; `live_states` are the states that count. `closing`
+    says when the orchestrator is stopping: a waiting create then gives up instead of using a closed store."""
 
-    def __init__(self, store: SandboxStore, caps: CreateCaps | None, live_states: tuple[str, ...]) -> None:
+    def __init__(self, store: SandboxStore, caps: CreateCaps | None, live_states: tuple[str, ...], *,
+                 closing: Callable[[], bool] = lambda: False) -> None:
         self.store = store
         self.caps = caps or CreateCaps()
         self.live_states = live_states
+        self.closing = closing
         self.waiting = 0
 
     async def admit(self, record: SandboxRecord, *, idempotency_key: str | None = None) -> Admitted:
@@ -97,6 +100,8 @@ class Admission:
         waiting = False
         try:
             while True:
+                if self.closing():  # checked right before the insert: nothing awaits in between
+                    raise BackendError("the sandbox service is shutting down; create the sandbox after it restarts")
                 result = self.store.admit(record, rules, time.time())
                 if result.outcome in ("admitted", "existing"):
                     return result
