@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -60,9 +60,19 @@ class LitellmCalls:
         monkeypatch.setattr(litellm, "acompletion", counted)
 
 
-def gateways(routes: dict[str, ModelRoute], **config: Any) -> tuple[Gateway, Gateway]:
-    return (Gateway(GatewayConfig(models=routes, **config)),
-            Gateway(GatewayConfig(models=routes, fast_path=False, **config)))
+@pytest.fixture
+async def gateways() -> AsyncIterator[Callable[..., tuple[Gateway, Gateway]]]:
+    """Makes (fast path, litellm's path) gateway pairs, closed (connections too) after the test."""
+    made: list[Gateway] = []
+
+    def pair(routes: dict[str, ModelRoute], **config: Any) -> tuple[Gateway, Gateway]:
+        made.extend((Gateway(GatewayConfig(models=routes, **config)),
+                     Gateway(GatewayConfig(models=routes, fast_path=False, **config))))
+        return made[-2], made[-1]
+
+    yield pair
+    for gateway in made:
+        await gateway.aclose()
 
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +85,7 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("provider", ["openai", "hosted_vllm"])
 @pytest.mark.parametrize("name", list(REQUESTS))
-async def test_sends_answers_and_records_what_litellm_does(scripted, monkeypatch, name, provider):  # noqa: F811
+async def test_sends_answers_and_records_what_litellm_does(scripted, gateways, monkeypatch, name, provider):  # noqa: F811
     route = ModelRoute(model=f"{provider}/scripted", api_base=f"{scripted}/v1", api_key="unused")
     fast, slow = gateways({"m": route})
     load_script(scripted, [{"content": "done", "tool_calls": [{"name": "bash", "arguments": {"cmd": "pwd"}}]}],
@@ -162,7 +172,7 @@ def openai_error(message: str) -> str:
     (500, openai_error("engine crashed"), ModelError),
     (503, "upstream unavailable", ModelError),
 ])
-async def test_error_statuses_map_as_through_litellm(stub, monkeypatch, status, body, error):
+async def test_error_statuses_map_as_through_litellm(stub, gateways, monkeypatch, status, body, error):
     stub.answers = [(status, body, 0.0)]
     fast, slow = gateways({"m": ModelRoute(model="openai/stub", api_base=stub.url, api_key="unused")})
     litellm_calls = LitellmCalls(monkeypatch)
@@ -180,7 +190,7 @@ async def test_error_statuses_map_as_through_litellm(stub, monkeypatch, status, 
         assert str(failures[0]) == str(failures[1])
 
 
-async def test_connection_refused_and_timeout_are_unreachable(stub):
+async def test_connection_refused_and_timeout_are_unreachable(stub, gateways):
     stub.answers = [(200, completion("late"), 2.0)]
     refused = ModelRoute(model="openai/down", api_base=f"http://127.0.0.1:{free_port()}/v1", api_key="unused")
     slow_route = ModelRoute(model="openai/stub", api_base=stub.url, api_key="unused", timeout_s=0.3)
@@ -194,7 +204,7 @@ async def test_connection_refused_and_timeout_are_unreachable(stub):
         assert [call.error.split(":")[0] for call in gateway.end_rollout("k").calls] == ["model_unreachable"] * 2
 
 
-async def test_retries_like_litellm(stub):
+async def test_retries_like_litellm(stub, gateways):
     """num_retries more attempts of a failed call: a 500 is retried at once and the third attempt answers."""
     route = ModelRoute(model="openai/stub", api_base=stub.url, api_key="unused")
     for gateway in gateways({"m": route}, num_retries=2):
@@ -207,14 +217,14 @@ async def test_retries_like_litellm(stub):
         assert len(gateway.end_rollout("k").calls) == 1  # one call recorded, however many attempts
 
 
-async def test_other_routes_go_through_litellm(scripted, monkeypatch):  # noqa: F811
+async def test_other_routes_go_through_litellm(scripted, gateways, monkeypatch):  # noqa: F811
     """Priced models (litellm maps their parameters and prices them), other providers, Orchard's own models, and
     routes without an api_base all take litellm's path."""
     load_script(scripted, [{"content": "ok"}], loop=True)
     routes = {"priced": ModelRoute(model="openai/gpt-4o-mini", api_base=f"{scripted}/v1", api_key="unused"),
               "other": ModelRoute(model="anthropic/claude-x", api_base=f"{scripted}/v1", api_key="unused"),
               "fast": ModelRoute(model="openai/scripted", api_base=f"{scripted}/v1", api_key="unused")}
-    gateway = Gateway(GatewayConfig(models=routes))
+    gateway, _ = gateways(routes)
     litellm_calls = LitellmCalls(monkeypatch)
     priced = await gateway.complete("k", {"model": "priced", "messages": USER})
     assert priced["choices"][0]["message"]["content"] == "ok" and litellm_calls.count == 1
@@ -225,7 +235,6 @@ async def test_other_routes_go_through_litellm(scripted, monkeypatch):  # noqa: 
     await gateway.complete("k", {"model": "fast", "messages": USER})
     await gateway.complete("k", {"model": "fast", "messages": USER, "drop_params": True})  # a litellm control
     assert litellm_calls.count == 3
-    await gateway.aclose()
     # routes that never reach a server here: no api_base (litellm's default endpoint), Orchard's own models
     assert direct_target(ModelRoute(model="openai/scripted", api_key="unused")) is None
     assert direct_target(ModelRoute(model="orchard/oracle")) is None

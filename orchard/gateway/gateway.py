@@ -117,9 +117,10 @@ class Gateway:
     async def aclose(self) -> None:
         """`close`, and also the fast path's connections opened on the running event loop."""
         await self._direct.aclose()
-        self.close()
+        self.recorder.close()
 
     def close(self) -> None:
+        self._direct.close()
         self.recorder.close()
 
 
