@@ -263,7 +263,7 @@ class PoolManager:
                                       total_ms=(done - started) * 1000)
         if not store.update_if_state(record, "ready"):  # deleted meanwhile (reaped as dead, another instance)
             return None, None
-        return info.model_copy(deep=True), None
+        return info, None  # the record was read for this claim alone: nothing else holds it
 
     # --- refilling -----------------------------------------------------------------------------------------
 
