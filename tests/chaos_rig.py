@@ -179,6 +179,16 @@ def store_states(home: Path) -> dict[str, str]:
     return states
 
 
+def pool_claims(home: Path) -> int:
+    """Sandboxes of `home`'s store that were handed out from a warm pool (any state)."""
+    path = state_db_path(home)
+    if not path.exists():
+        return 0
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
+        return sum(1 for (record,) in db.execute("SELECT record FROM sandboxes")
+                   if ((json.loads(record).get("info") or {}).get("pool") or {}).get("claimed"))
+
+
 # --- what a run left behind ----------------------------------------------------------------------------
 
 

@@ -31,8 +31,8 @@ from orchard.core.errors import CapacityExceeded
 from orchard.sandbox.client import AsyncOrchard
 from tests.chaos_clients import Tally, run_workers
 from tests.chaos_rig import (MARK, ChaosServer, Sampler, delete_random_pod, k8s_footprint, k8s_pod_names,
-                             kill_in_local_sandbox, local_footprint, local_sandbox_count, new_mark, store_states,
-                             wait_until_empty)
+                             kill_in_local_sandbox, local_footprint, local_sandbox_count, new_mark, pool_claims,
+                             store_states, wait_until_empty)
 from tests.k8s_cluster import CLUSTER_SCRIPT, POD_PIDS_LIMIT, require_cluster
 from tests.running_server import remove_live_sandboxes
 
@@ -157,7 +157,11 @@ async def test_chaos_on_the_local_backend_leaves_nothing(tmp_path):
     workers, seed = int(_setting("WORKERS", 8)), int(_setting("SEED", 13))
     home, mark = tmp_path, new_mark()
     cap = max(1, workers - CAP_BELOW_WORKERS)
-    server = ChaosServer(home, secrets.token_urlsafe(16), options={"caps": {"max_sandboxes": cap, "wait_s": 2.0}})
+    # Every create has the pool's template (a default spec: env, labels and TTLs are set per claim), so it
+    # is claimed from the pool when a member is started, else made cold; members count against the cap.
+    pool = {"name": "chaos", "min_ready": 2, "max_size": 3, "refill_parallel": 2}
+    server = ChaosServer(home, secrets.token_urlsafe(16),
+                         options={"caps": {"max_sandboxes": cap, "wait_s": 2.0}, "pools": {"pools": [pool]}})
     # A created sandbox whose answer never reached its client (the orchestrator died first, and the
     # SDK's retries with the same idempotency key ran out) is reaped by its heartbeat timeout.
     spec = {"env": {MARK: mark}, "labels": {"chaos": mark}, "timeout_s": 600, "heartbeat_timeout_s": 10}
@@ -167,11 +171,12 @@ async def test_chaos_on_the_local_backend_leaves_nothing(tmp_path):
             # Directories exist from before anything of a sandbox runs until after all of it is gone.
             count=lambda: local_sandbox_count(home), sample_every_s=0.05,
             crash_every_s=ORCHESTRATOR_KILL_EVERY_S, workers=workers, cycles=cycles, seconds=seconds, seed=seed)
-        print(run.summary(seed, workers, cap, server))
+        print(run.summary(seed, workers, cap, server) + f"\nclaimed from the pool: {pool_claims(home)}")
         ids = run.tally.seen_ids | set(store_states(home))
         footprint = wait_until_empty(lambda: local_footprint(home, mark, ids), timeout_s=15)
         assert footprint.empty, f"left behind: {footprint.describe()}"
         _check(run, cap, ("orchestrator", "agent", "init", "monitor"))
+        assert pool_claims(home) > 0, "no create was claimed from the warm pool"
     finally:
         server.kill()
         await asyncio.to_thread(remove_live_sandboxes, home)
