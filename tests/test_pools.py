@@ -19,7 +19,7 @@ from orchard.core.errors import AuthError, InvalidRequest
 from orchard.core.pool import PoolSpec, PoolsConfig, template_key
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.server.pools import claim_agent
+from orchard.sandbox.server.pool_claim import claim_agent
 from orchard.sandbox.server.service import SandboxService
 from tests.running_server import live_sandbox_ids
 

@@ -17,25 +17,23 @@ the store like any sandbox (marked `info.pool.idle`), which is how a restarted o
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Iterable
-from urllib.parse import urlsplit
 
 from orchard.core.errors import InvalidRequest, OrchardError
 from orchard.core.pool import PoolSpec, PoolStatus, PoolsConfig, template_differences, template_key
 from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec, StartupTimings
 from orchard.sandbox.server.admission import spec_fingerprint
+from orchard.sandbox.server.pool_claim import claim_agent
 
 if TYPE_CHECKING:
     from orchard.sandbox.server.service import SandboxService
 
 log = logging.getLogger("orchard.sandbox.server.pools")
 
-CLAIM_TIMEOUT_S = 10.0
 MAINTENANCE_INTERVAL_S = 5.0   # how often idle members are checked (dead, too old) and strays adopted
 MAX_BACKOFF_S = 30.0           # after failed member starts, the next waits up to this long
 _KEY_TAKEN = "the idempotency key already names a sandbox"
@@ -388,39 +386,3 @@ class PoolManager:
             else:
                 self._discard(pool or _Pool(PoolSpec(name=member.name, min_ready=0)), record.info.id,
                               "deleted: a pool member whose pool's template changed or is gone")
-
-
-async def claim_agent(agent_url: str, token: str, new_token: str, env: dict[str, str]) -> None:
-    """Ask a member's agent to take `new_token` (and drop `token`) and `env` for later commands. One
-    request on a fresh connection, written by hand: making an httpx client (its transport and pool) for
-    each member's socket costs several times the request itself, and a claim should cost about one
-    round trip."""
-    body = json.dumps({"token": new_token, "env": env}).encode()
-    head = (f"POST /claim HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-    status, answer = await asyncio.wait_for(_post(agent_url, head.encode() + body), CLAIM_TIMEOUT_S)
-    if status != 200:
-        raise OrchardError(f"the agent answered {status}: {answer[:300].decode(errors='replace')}")
-
-
-async def _post(agent_url: str, request: bytes) -> tuple[int, bytes]:
-    if agent_url.startswith("unix:"):
-        path = agent_url[len("unix:"):]
-        reader, writer = await asyncio.open_unix_connection(path[2:] if path.startswith("//") else path)
-    elif agent_url.startswith("http://"):
-        address = urlsplit(agent_url)
-        reader, writer = await asyncio.open_connection(address.hostname, address.port or 80)
-    else:
-        raise InvalidRequest(f"pool members need an agent at unix:///PATH or http://HOST:PORT, not {agent_url!r}")
-    try:
-        writer.write(request)
-        await writer.drain()
-        response = await reader.read()  # Connection: close, so the answer ends with the connection
-    finally:
-        writer.close()
-    head, _, answer = response.partition(b"\r\n\r\n")
-    try:
-        status = int(head.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        raise OrchardError(f"the agent's answer is not HTTP: {head[:100]!r}") from None
-    return status, answer
