@@ -1,5 +1,6 @@
 """Start the agent: `python -m orchard_agent --listen unix:PATH|tcp:HOST:PORT|fd:N [--workdir DIR]
-[--user UID:GID [--agent-user UID:GID] [--init-user UID:GID]] [--gateway unix:PATH|tcp:HOST:PORT]`.
+[--user UID:GID [--agent-user UID:GID] [--init-user UID:GID]] [--gateway unix:PATH|tcp:HOST:PORT]
+[--workload-cgroup-fds N[,M...]]`.
 
 `--gateway`: relay 127.0.0.1:4000 (in the sandbox's network namespace) to the model gateway there; see
 forward.py. It listens before the agent reports READY.
@@ -8,6 +9,10 @@ forward.py. It listens before the agent reports READY.
 identity.py. With `--user`, the agent first tries to give its commands a pid namespace of their own, in
 which it has no pid (they cannot signal it); `--init-user` is the uid of that namespace's init (default:
 the commands'); see pidns.py.
+
+`--workload-cgroup-fds`: open `cgroup.procs` files of the sandbox's `workload` cgroup(s), into which the
+agent puts the process that starts its commands (or, where that cannot work, itself) before serving; see
+workload_cgroup.py.
 
 The token comes from ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN; both, and the
 PYTHONHOME/PYTHONPATH the agent was started with, are removed from the environment its children get. Once
@@ -75,8 +80,11 @@ def _parse_with_argparse(argv):
     parser.add_argument("--init-user", default=None, help="UID:GID of the commands' pid namespace init")
     parser.add_argument("--gateway", default=None,
                         help="unix:PATH or tcp:HOST:PORT of the model gateway, relayed at 127.0.0.1:4000")
+    parser.add_argument("--workload-cgroup-fds", default=None,
+                        help="N[,M...]: open cgroup.procs files of the workload's cgroup(s)")
     args = parser.parse_args(argv)
-    return args.listen, args.workdir, args.user, args.agent_user, args.init_user, args.gateway
+    return (args.listen, args.workdir, args.user, args.agent_user, args.init_user, args.gateway,
+            args.workload_cgroup_fds)
 
 
 def parse_args(argv):
@@ -84,7 +92,7 @@ def parse_args(argv):
     read directly; anything else (--help, a typo, a missing value) goes to argparse, whose import (~1.5 ms)
     every sandbox's start would otherwise pay."""
     options = {"--listen": None, "--workdir": None, "--user": None, "--agent-user": None, "--init-user": None,
-               "--gateway": None}
+               "--gateway": None, "--workload-cgroup-fds": None}
     i = 0
     while i < len(argv):
         name, equals, value = argv[i].partition("=")
@@ -98,7 +106,7 @@ def parse_args(argv):
     if options["--listen"] is None:
         return _parse_with_argparse(argv)
     return (options["--listen"], options["--workdir"], options["--user"], options["--agent-user"],
-            options["--init-user"], options["--gateway"])
+            options["--init-user"], options["--gateway"], options["--workload-cgroup-fds"])
 
 
 def _drop_start_dir():
@@ -120,7 +128,8 @@ def main(argv=None):
     _drop_start_dir()
     # The start allocates many objects and frees few: no collection is worth its time until serving.
     gc.disable()
-    listen, workdir_arg, user, agent_user, init_user, gateway = parse_args(sys.argv[1:] if argv is None else argv)
+    listen, workdir_arg, user, agent_user, init_user, gateway, cgroup_fds = parse_args(
+        sys.argv[1:] if argv is None else argv)
 
     token = _read_token()  # first: once the agent has its identity, the token file is no longer readable
     if user:
@@ -146,6 +155,14 @@ def main(argv=None):
         pidns.watch_init()
     elif agent_user or init_user:
         _fail("--agent-user and --init-user need --user (the commands' user)")
+    if cgroup_fds:
+        from . import workload_cgroup
+
+        try:
+            workload_cgroup.setup(cgroup_fds)
+        except (ValueError, OSError) as exc:
+            _fail("cannot put the commands into the workload's cgroup (%s); the sandbox's limits would not "
+                  "hold, so the agent refuses to serve" % exc)
     for name in SCRUBBED_ENV:
         os.environ.pop(name, None)
     workdir = os.path.abspath(workdir_arg or os.getcwd())
@@ -176,6 +193,8 @@ def main(argv=None):
     try:
         sys.stdout.write("READY %s\n" % server.address_text)
         sys.stdout.flush()
+        if cgroup_fds:
+            workload_cgroup.start_soon()
         server.serve_forever()
     except KeyboardInterrupt:
         pass

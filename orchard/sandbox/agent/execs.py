@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 
-from . import fields, identity, pidns
+from . import fields, identity, pidns, workload_cgroup
 from .wire import ApiError, bad_request
 
 EXEC_FIELDS = ("command", "cwd", "env", "stdin", "timeout", "max_output_bytes")
@@ -63,7 +63,7 @@ class CommandRun:
         self.spawn_error = None
         self.proc = None
         try:
-            self.proc = pidns.popen(
+            self.proc = workload_cgroup.popen(
                 spec.argv, cwd=spec.cwd, env=spec.env, start_new_session=True, close_fds=True,
                 stdin=subprocess.DEVNULL if spec.stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, **identity.CHILD)
@@ -81,6 +81,8 @@ class CommandRun:
             return
         try:
             self._pump(emit)
+            if self.proc.returncode is not None and getattr(self.proc, "status_lost", False):
+                self._keep("stderr", workload_cgroup.LOST_NOTE, emit)
         finally:
             if self.proc.returncode is None and self.proc.poll() is None:
                 self.kill()  # we are leaving early (client gone, error): nothing may keep running

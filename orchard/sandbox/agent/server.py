@@ -14,6 +14,7 @@ import threading
 import time
 
 from . import VERSION, claim, execs, files, http1, pidns, sessions, stats, tars
+from . import workload_cgroup
 from .wire import ApiError, Request, log_error, unquote
 
 try:
@@ -40,7 +41,8 @@ AUTHENTICATED_TIMEOUT_S = 120.0
 
 
 def health(req) -> dict:
-    return {"status": "ok", "version": VERSION, "pid": os.getpid(), "workload_pid_namespace": pidns.health()}
+    return {"status": "ok", "version": VERSION, "pid": os.getpid(), "workload_pid_namespace": pidns.health(),
+            "workload_cgroup": workload_cgroup.health()}
 
 
 EXACT_ROUTES = {

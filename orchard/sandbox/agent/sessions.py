@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 
-from . import execs, fields, identity, pidns
+from . import execs, fields, identity, pidns, workload_cgroup
 from .wire import ApiError, bad_request, not_found
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -115,7 +115,7 @@ class ShellSession:
 
     def _start(self, cwd: str):
         executable, argv, self.is_bash = _shell_argv(self.env)
-        self.proc = pidns.popen(
+        self.proc = workload_cgroup.popen(
             argv, executable=executable, cwd=cwd, env=self.env, start_new_session=True, close_fds=True,
             bufsize=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             **identity.CHILD)

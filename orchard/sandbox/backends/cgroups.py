@@ -7,7 +7,16 @@ sandbox is moved into its groups before it runs anything (see `procs_files`); `k
 and removes them. When nothing is writable (not root, read-only cgroupfs, a v2 cgroup with processes of
 its own) `create_cgroups` returns None and the caller decides (local_limits.py) whether the spec's limits
 can be enforced otherwise. A limit the kernel refuses or does not keep as written (EINVAL for `cpu: 1e9`)
-is `InvalidRequest`, never a silent fallback."""
+is `InvalidRequest`, never a silent fallback.
+
+With `split` (the local backend as root, whose agent can use it) the memory and pids groups get two
+leaves: `agent`, where the sandbox starts, and `workload`, where the agent starts every command (the
+agent's workload_cgroup.py). `workload` has the spec's `memory_mb` and `max_processes`, so a workload that
+fills them meets its own limit and the OOM killer chooses among its processes only; `agent` has
+`AGENT_PIDS` processes of its own and, on cgroup v2, `AGENT_MEMORY_MIN_MB` that reclaim never takes; the
+sandbox's group bounds both at `memory_mb + AGENT_MEMORY_MB`. The cpu quota stays on the sandbox's group,
+shared. Limits of the spec thus bind the workload exactly as asked; the agent's own use, which counted
+against them before, no longer does."""
 
 from __future__ import annotations
 
@@ -27,6 +36,11 @@ from orchard.core.sandbox import SandboxSpec
 log = logging.getLogger(__name__)
 
 CONTROLLERS = ("memory", "pids", "cpu")
+SPLIT_CONTROLLERS = ("memory", "pids")
+AGENT_LEAF, WORKLOAD_LEAF = "agent", "workload"
+AGENT_MEMORY_MB = 64  # the agent's room above memory_mb (its buffers, files it writes to a tmpfs)
+AGENT_MEMORY_MIN_MB = 16  # cgroup v2: memory of the agent's that reclaim never takes
+AGENT_PIDS = 512  # the agent's threads (a connection each) and its init
 CPU_PERIOD_US = 100_000
 PARENT_NAME = "orchard"
 
@@ -34,13 +48,19 @@ PARENT_NAME = "orchard"
 class CgroupSet(BaseModel):
     """The groups of one sandbox: their directories and which hierarchy each lives in."""
 
-    paths: list[str]
+    paths: list[str]  # every group made, leaves before their parent (the order to remove them in)
     version: dict[str, int]  # path -> 1 or 2
     controllers: list[str] = []  # those the groups have (and whose limits were set)
+    enter: list[str] = []  # where the sandbox starts (the `agent` leaves with `split`); [] = paths
+    workload: list[str] = []  # the `workload` leaves, [] without `split`
 
     @property
     def procs_files(self) -> list[str]:
-        return [f"{p}/cgroup.procs" for p in self.paths]
+        return [f"{p}/cgroup.procs" for p in (self.enter or self.paths)]
+
+    @property
+    def workload_procs_files(self) -> list[str]:
+        return [f"{p}/cgroup.procs" for p in self.workload]
 
 
 def _mounts() -> tuple[dict[str, tuple[str, str]], tuple[str, str] | None]:
@@ -117,20 +137,33 @@ def placements(name: str) -> list[tuple[Path, int, list[str]]]:
     return placements
 
 
-def create_cgroups(name: str, spec: SandboxSpec) -> CgroupSet | None:
+def create_cgroups(name: str, spec: SandboxSpec, split: bool = False) -> CgroupSet | None:
     """Make the sandbox's groups and set its limits, or return None when cgroups cannot be used here
-    (nothing is left behind then)."""
+    (nothing is left behind then). `split`: the agent and workload leaves (see the module's docstring)."""
     made: list[str] = []
     versions: dict[str, int] = {}
     have: list[str] = []
+    enter: list[str] = []
+    workload: list[str] = []
     try:
         for group, version, controllers in placements(name):
             controllers = _make_group(group, version, controllers)
             made.append(str(group))
             versions[str(group)] = version
+            split_here = [c for c in controllers if c in SPLIT_CONTROLLERS] if split else []
             for c in controllers:
-                _set_limit(group, version, c, spec)
+                if c not in split_here:
+                    _set_limit(group, version, c, spec)
             have += controllers
+            if not split_here:
+                enter.append(str(group))
+                continue
+            _set_sandbox_limits(group, version, split_here, spec)
+            leaves = _make_leaves(group, version, split_here, spec)
+            made[-1:] = [str(leaf) for leaf in leaves] + [str(group)]
+            versions.update({str(leaf): version for leaf in leaves})
+            workload.append(str(leaves[0]))
+            enter.append(str(leaves[1]))
     except LimitNotApplied as e:
         remove_cgroups(made)
         raise InvalidRequest(str(e)) from None
@@ -140,7 +173,37 @@ def create_cgroups(name: str, spec: SandboxSpec) -> CgroupSet | None:
         return None
     if not made:
         return None
-    return CgroupSet(paths=made, version=versions, controllers=have)
+    return CgroupSet(paths=made, version=versions, controllers=have, enter=enter if split else [],
+                     workload=workload)
+
+
+def _set_sandbox_limits(group: Path, version: int, controllers: list[str], spec: SandboxSpec) -> None:
+    """The sandbox's own group with `split`: memory for both leaves together (pids: the leaves' own)."""
+    if "memory" in controllers and spec.memory_mb:
+        both = spec.model_copy(update={"memory_mb": spec.memory_mb + AGENT_MEMORY_MB})
+        _set_limit(group, version, "memory", both)
+    if version == 2:
+        _v2_enable(group, controllers)
+
+
+def _make_leaves(group: Path, version: int, controllers: list[str], spec: SandboxSpec) -> list[Path]:
+    """[workload, agent] leaves of `group`, made and limited."""
+    leaves = [group / WORKLOAD_LEAF, group / AGENT_LEAF]
+    for leaf in leaves:
+        leaf.mkdir()
+    workload, agent = leaves
+    for c in controllers:
+        _set_limit(workload, version, c, spec)
+    if "pids" in controllers:
+        _apply(agent / "pids.max", str(AGENT_PIDS), "the agent's own pids.max")
+    if "memory" in controllers and version == 2 and (agent / "memory.min").exists():
+        _apply(agent / "memory.min", str(AGENT_MEMORY_MIN_MB << 20), "the agent's memory.min")
+    return leaves
+
+
+def _with_leaves(group: Path) -> list[Path]:
+    """The group's leaves that exist, then the group: the order to empty and remove them in."""
+    return [group / leaf for leaf in (WORKLOAD_LEAF, AGENT_LEAF) if (group / leaf).is_dir()] + [group]
 
 
 class LimitNotApplied(Exception):
@@ -234,7 +297,7 @@ def kill_and_remove(paths: list[str], timeout: float = 5.0) -> list[str]:
 def existing_groups(name: str) -> list[str]:
     """The groups named `name` that exist: found by name when a crash left them unrecorded."""
     try:
-        return [str(group) for group, _, _ in placements(name) if group.is_dir()]
+        return [str(g) for group, _, _ in placements(name) if group.is_dir() for g in _with_leaves(group)]
     except OSError:
         return []
 
@@ -252,15 +315,17 @@ def remove_abandoned_groups(in_use: Callable[[], set[str]]) -> list[str]:
     candidates = []
     for parent in parents:
         if parent.is_dir():
-            candidates += [group for group in parent.iterdir() if group.is_dir() and not cgroup_pids([str(group)])]
+            candidates += [group for group in parent.iterdir()
+                           if group.is_dir() and not cgroup_pids([str(g) for g in _with_leaves(group)])]
     names = in_use()
     for group in candidates:
         if group.name not in names:
-            try:
-                group.rmdir()
-                removed.append(str(group))
-            except OSError:
-                pass
+            for g in _with_leaves(group):
+                try:
+                    g.rmdir()
+                    removed.append(str(g))
+                except OSError:
+                    break
     for parent in parents:
         try:
             parent.rmdir()

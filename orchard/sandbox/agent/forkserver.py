@@ -1,0 +1,176 @@
+"""The workload's spawner: a small process, forked from the agent, that lives in the sandbox's `workload`
+cgroup and starts the commands there (see workload_cgroup.py for why and for the agent's side).
+
+It talks to the agent over two Unix stream socketpairs, messages framed as a 4-byte length and JSON:
+- `requests` (agent -> spawner, one at a time, each answered): `{"id", "args", "executable", "cwd", "env",
+  "std": [i, i, i], "new_session", "restore_signals"}` with the command's stdin/stdout/stderr descriptors
+  attached (SCM_RIGHTS; `std` indexes them, -1: inherit /dev/null). It starts the command with
+  `subprocess.Popen` (vfork + exec, exactly as the agent itself would; `"same_env": true` in place of
+  `env`: the previous request's) and answers `{"pid"}` with a pidfd
+  of the command attached, from which the agent learns the pid as its own namespace numbers it, or
+  `{"errno", "strerror", "filename"}` / `{"error"}` when it could not start;
+- `events` (spawner -> agent): `{"id", "returncode"}` when a command it started has exited (it is their
+  parent, so it reaps them: each command's pidfd is in its selector).
+It ends when the agent's end of `requests` closes. It never reads anything but those requests: the
+descriptors it inherited from the agent are closed first, and it holds no secret the agent did not (it is
+non-dumpable like the agent, so the workload cannot read its memory)."""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import struct
+
+HEADER = struct.Struct("!I")
+# The commands' oom_score_adj, above the spawner's own (0): when the workload fills its memory, the OOM
+# killer ends one of them before the spawner, which would take their exit statuses with it.
+COMMAND_OOM_SCORE_ADJ = b"500"
+MAX_MESSAGE = 64 << 20  # a request holds a command line and an environment, far below this
+NAME = b"orchard-spawner"
+
+
+class ProtocolError(Exception):
+    """The other side sent something that is not a message of this protocol."""
+
+
+def send(sock: socket.socket, message: dict, fds=()) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode("utf-8", "surrogateescape")
+    payload = HEADER.pack(len(data)) + data
+    if fds:
+        sent = sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sent = sock.send(payload)
+    if sent < len(payload):
+        sock.sendall(payload[sent:])
+
+
+def receive(sock: socket.socket):
+    """(message, fds), or (None, []) when the other side has closed. Received fds are close-on-exec."""
+    fds = array.array("i")
+    data, ancillary, _, _ = sock.recvmsg(HEADER.size, socket.CMSG_SPACE(4 * fds.itemsize),
+                                         getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+    for level, kind, cdata in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    data = _exactly(sock, data, HEADER.size)
+    size, = HEADER.unpack(data)
+    if size > MAX_MESSAGE:
+        raise ProtocolError("message of %d bytes" % size)
+    return json.loads(_exactly(sock, b"", size).decode("utf-8", "surrogateescape")), list(fds)
+
+
+def _exactly(sock, have: bytes, size: int) -> bytes:
+    parts, got = [have], len(have)
+    while got < size:
+        chunk = sock.recv(min(size - got, 1 << 20))
+        if not chunk:
+            raise ProtocolError("the connection closed inside a message")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def main(requests: socket.socket, events: socket.socket):
+    """The spawner's life, in the forked child. Never returns."""
+    try:
+        _set_up(requests.fileno(), events.fileno())
+        _serve(requests, events)
+    finally:
+        os._exit(0)
+
+
+def _set_up(*keep):
+    import gc
+    import signal
+
+    gc.freeze()  # the agent's copied heap: never traversed, so its pages stay shared
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)  # the agent's stdout is its READY pipe to the backend; stderr (its log) stays
+    os.close(null)
+    try:
+        with open("/proc/thread-self/comm", "wb") as f:
+            f.write(NAME)
+    except OSError:
+        pass  # only a name for ps
+
+
+def _oom_score_adj():
+    """(fd of /proc/self/oom_score_adj, its value now), or (None, None) where it cannot be written."""
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    return fd, os.pread(fd, 16, 0).strip() or b"0"
+
+
+def _serve(requests: socket.socket, events: socket.socket):
+    import selectors
+
+    adj_fd, own_adj = _oom_score_adj()
+    selector = selectors.DefaultSelector()
+    selector.register(requests, selectors.EVENT_READ, None)
+    last_env = None
+    while True:
+        for key, _ in selector.select():
+            if key.data is None:
+                message, fds = receive(requests)
+                if message is None:
+                    return  # the agent is gone or replaced us
+                if message.pop("same_env", False):
+                    message["env"] = last_env
+                last_env = message.get("env")
+                answer, pidfd = _spawn(message, fds, selector, adj_fd, own_adj)
+                send(requests, answer, [pidfd] if pidfd is not None else ())
+            else:
+                spawn_id, proc = key.data
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                proc.wait()
+                send(events, {"id": spawn_id, "returncode": proc.returncode})
+
+
+def _spawn(message: dict, fds: list, selector, adj_fd, own_adj):
+    import selectors
+    import subprocess
+
+    try:
+        if adj_fd is not None:
+            _write_adj(adj_fd, COMMAND_OOM_SCORE_ADJ)  # inherited by the command, then ours again below
+        std = [fds[i] if i >= 0 else None for i in message["std"]]
+        proc = subprocess.Popen(message["args"], executable=message["executable"], cwd=message["cwd"],
+                                env=message["env"], stdin=std[0], stdout=std[1], stderr=std[2],
+                                close_fds=True, start_new_session=message["new_session"],
+                                restore_signals=message["restore_signals"])
+    except OSError as exc:
+        return {"errno": exc.errno, "strerror": exc.strerror, "filename": exc.filename}, None
+    except Exception as exc:  # ValueError (a NUL in the environment), a malformed request
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}, None
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if adj_fd is not None:
+            _write_adj(adj_fd, own_adj)
+    pidfd = os.pidfd_open(proc.pid)
+    selector.register(pidfd, selectors.EVENT_READ, (message["id"], proc))
+    return {"pid": proc.pid}, pidfd
+
+
+def _write_adj(fd: int, value: bytes):
+    try:
+        os.pwrite(fd, value, 0)
+    except OSError:
+        pass  # refused (a value below what this process may set): the commands share the spawner's
