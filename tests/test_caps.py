@@ -211,6 +211,18 @@ def test_orchestrators_sharing_a_store_never_admit_past_the_cap(tmp_path):
             store.close()
 
 
+async def test_two_orchestrators_on_one_home_share_the_cap(service_with):
+    """Two services on one state database (replicas): creates on both at once stay under the one cap, and
+    one's sandboxes hold the other's creates back."""
+    first, second = await service_with(max_sandboxes=2, wait_s=0), await service_with(max_sandboxes=2, wait_s=0)
+    results = await asyncio.gather(*(service.create(SandboxSpec()) for service in (first, second) * 3),
+                                   return_exceptions=True)
+    made = [r for r in results if isinstance(r, SandboxInfo)]
+    assert len(made) == 2 and all(isinstance(r, CapacityExceeded) for r in results if r not in made)
+    assert len(await first.backend.list_live()) == 2
+    assert (await first.stats()).live == (await second.stats()).live == 2
+
+
 # --- idempotency keys ----------------------------------------------------------------------------------
 
 
