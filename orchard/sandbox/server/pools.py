@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("orchard.sandbox.server.pools")
 
 MAINTENANCE_INTERVAL_S = 5.0   # how often idle members are checked (dead, too old) and strays adopted
+STRAY_CHECK_INTERVAL_S = 60.0  # how often members taken over from a dead instance are looked for
 MAX_BACKOFF_S = 30.0           # after failed member starts, the next waits up to this long
 _KEY_TAKEN = "the idempotency key already names a sandbox"
 
@@ -84,6 +85,7 @@ class PoolManager:
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._owner_locks: dict[str, asyncio.Lock] = {}
+        self._next_stray_check = 0.0
         self.configure(pools_of(pools), drain=False)
 
     # --- configuration -----------------------------------------------------------------------------------
@@ -367,7 +369,11 @@ class PoolManager:
                     continue
                 kept.append((sandbox_id, since))
             pool.idle = kept
-        self._adopt_strays()
+        # Strays appear only when this instance takes over a dead one's sandboxes (rare); looking for them
+        # reads every record this instance has, so it is done less often.
+        if now >= self._next_stray_check:
+            self._next_stray_check = now + STRAY_CHECK_INTERVAL_S
+            self._adopt_strays()
 
     def _adopt_strays(self) -> None:
         """Idle members this instance manages but no pool holds (from before a restart, or taken over from
