@@ -32,6 +32,7 @@ from orchard.gateway.config import GatewayConfig, ModelRoute
 
 HARNESS, BUNDLE = "bench-loop", "mini-swe-agent"
 SPEEDUP, OVERHEAD_P50_MS = 5.0, 5.0
+FAST, LITELLM = "fast path", "litellm"
 RTTS_FILE = "/workspace/rtts.json"
 # The agent inside: standard library only, a new connection per call (as urllib makes them).
 LOOP = r'''
@@ -168,13 +169,17 @@ def run(ctx: BenchContext) -> Findings:
                 with ctx.console.status("warm-up: the bundle (built once if needed), one rollout"):
                     _evaluate(config, root / "warm", 1, 1, 2)
                 figures, inside, direct = {}, {}, {}
-                for parallel, count in counts.items():
-                    with ctx.console.status(f"{count} in-sandbox harnesses, --parallel {parallel}, {calls} calls "
-                                            f"of {MODEL_DELAY_S * 1000:.0f} ms each"), DirectCalls(base_url) as beside:
-                        elapsed, rtts = _evaluate(config, root / f"p{parallel}", count, parallel, calls)
-                    figures[parallel] = count / elapsed * 60
-                    inside[parallel] = LatencyStats.from_seconds(rtts)
-                    direct[parallel] = LatencyStats.from_seconds(beside.timings)
+                # the gateway's fast path (the default for this route), then litellm's path for the same calls
+                for path, path_config in ((FAST, config), (LITELLM, config.model_copy(update={"fast_path": False}))):
+                    for parallel, count in counts.items():
+                        with ctx.console.status(f"{count} in-sandbox harnesses, --parallel {parallel}, {calls} calls "
+                                                f"of {MODEL_DELAY_S * 1000:.0f} ms each, gateway: {path}"), \
+                                DirectCalls(base_url) as beside:
+                            elapsed, rtts = _evaluate(path_config, root / f"{path}-p{parallel}", count, parallel,
+                                                      calls)
+                        figures[path, parallel] = count / elapsed * 60
+                        inside[path, parallel] = LatencyStats.from_seconds(rtts)
+                        direct[path, parallel] = LatencyStats.from_seconds(beside.timings)
                 kimi = {}
                 for parallel, count in kimi_counts.items():
                     with ctx.console.status(f"kimi-cli × {count}, --parallel {parallel}, {kimi_steps} steps each"):
@@ -182,32 +187,39 @@ def run(ctx: BenchContext) -> Findings:
                                                     kimi_steps)
         finally:
             sys.path.remove(str(root / "site"))
-    added = {parallel: stats.p50_ms - direct[parallel].p50_ms for parallel, stats in inside.items()}
+    added = {key: stats.p50_ms - direct[key].p50_ms for key, stats in inside.items()}
     rows = [
         Row(metric=f"in-sandbox harnesses, {MODEL_DELAY_S * 1000:.0f} ms model: tasks/min at --parallel 8",
-            unit="tasks/min", ours=figures[8], peers={"--parallel 1": figures[1]},
-            ratios={"p8/p1": ratio(figures[8], figures[1])}, targets=[Target(on="p8/p1", op=">=", limit=SPEEDUP)]),
+            unit="tasks/min", ours=figures[FAST, 8], peers={"--parallel 1": figures[FAST, 1]},
+            ratios={"p8/p1": ratio(figures[FAST, 8], figures[FAST, 1])},
+            targets=[Target(on="p8/p1", op=">=", limit=SPEEDUP)]),
         Row(metric="gateway overhead per call, 8 harnesses at once (p50, as the harness times it)", unit="ms",
-            ours=round(added[8], 2), peers={"call inside p50": inside[8].p50_ms,
-                                            "model direct p50": direct[8].p50_ms},
+            ours=round(added[FAST, 8], 2), peers={"litellm's path": round(added[LITELLM, 8], 2),
+                                                  "call inside p50": inside[FAST, 8].p50_ms,
+                                                  "model direct p50": direct[FAST, 8].p50_ms},
             targets=[Target(op="<=", limit=OVERHEAD_P50_MS)]),
-        Row(metric="gateway overhead per call, one harness (p50)", unit="ms", ours=round(added[1], 2),
-            peers={"call inside p50": inside[1].p50_ms, "model direct p50": direct[1].p50_ms}),
+        Row(metric="gateway overhead per call, one harness (p50)", unit="ms", ours=round(added[FAST, 1], 2),
+            peers={"litellm's path": round(added[LITELLM, 1], 2), "call inside p50": inside[FAST, 1].p50_ms,
+                   "model direct p50": direct[FAST, 1].p50_ms}),
         Row(metric=f"kimi-cli (the real harness), {MODEL_DELAY_S * 1000:.0f} ms model: tasks/min at --parallel 8",
             unit="tasks/min", ours=kimi[8], peers={"--parallel 1": kimi[1]}, ratios={"p8/p1": ratio(kimi[8], kimi[1])}),
     ]
-    return Findings(rows=rows, latencies={"call inside the sandbox, --parallel 8": inside[8],
-                                          "call inside the sandbox, --parallel 1": inside[1],
-                                          "the model server directly, during --parallel 8": direct[8]}, notes=[
+    return Findings(rows=rows, latencies={"call inside the sandbox, --parallel 8": inside[FAST, 8],
+                                          "call inside the sandbox, --parallel 1": inside[FAST, 1],
+                                          "the same through litellm's path, --parallel 8": inside[LITELLM, 8],
+                                          "the model server directly, during --parallel 8": direct[FAST, 8]}, notes=[
         f"Each task: a local sandbox with the mini-swe-agent bundle mounted and model-only networking; the "
         f"harness runs {calls} chat completions one after another (a loop agent on the bundle's Python 3.13, "
         f"standard library, a new connection per call), then the task is graded by a script in its sandbox. "
         f"--parallel 1 ran {counts[1]} tasks, --parallel 8 ran {counts[8]}; tasks/min = tasks ÷ the run's wall "
         "time (gateway start, sandboxes, grading included).",
         "Overhead = the p50 of the calls' round trips timed inside the sandbox (agent's forwarder on "
-        "127.0.0.1:4000 → the run's gateway on its Unix socket → litellm → the scripted server) minus the p50 "
+        "127.0.0.1:4000 → the run's gateway on its Unix socket → the fast path → the scripted server) minus the p50 "
         "of the same call straight to the scripted server from this machine, one at a time in a thread of the "
         "bench while the same run goes on (the same load on the machine's cores).",
+        "The route is `openai/scripted` with an api_base, which the gateway's fast path serves (a pooled HTTP client "
+        "straight to the server, docs/gateway.md); the peer `litellm's path` is the same runs with the gateway's "
+        "`fast_path` off, so every call goes through `litellm.acompletion` as before.",
         "The loop agent is not a real harness: it isolates what the evaluator and the gateway add. The kimi-cli "
         f"row runs the real Kimi-CLI from its bundle ({kimi_steps} steps of `Shell echo ...` asked by the scripted "
         f"model, then its own step limit; {kimi_counts[1]} tasks at --parallel 1, {kimi_counts[8]} at 8): its "
@@ -222,6 +234,7 @@ MEASUREMENT = Measurement(
     method=("`run_eval` with an in-sandbox bench harness (a loop agent on the mini-swe-agent bundle's Python, "
             "through the run's gateway) against the scripted model server answering after 200 ms: a few tasks "
             "at `--parallel 1`, 32 at `--parallel 8`, every call's round trip timed inside the sandbox, and "
-            "meanwhile the same call straight to the model server, one at a time."),
+            "meanwhile the same call straight to the model server, one at a time; then the same runs with the "
+            "gateway's fast path off (litellm's path) as the peer."),
     run=run,
 )
