@@ -12,6 +12,7 @@ from typing import AsyncIterator, Iterator
 from bench.memory import PeakGrowth
 from bench.processes import read_status_kib
 from orchard.sandbox.backends.local_state import children_of, read_record
+from orchard.sandbox.backends.registry import backend_config
 from orchard.sandbox.client import AsyncOrchard, Orchard
 
 # id of an embedded client -> its state home (where the local backend keeps each sandbox's meta.json)
@@ -21,8 +22,11 @@ _HOME_PREFIX = "orchard-bench-"
 
 
 @contextmanager
-def embedded_orchard() -> Iterator[Orchard]:
-    with tempfile.TemporaryDirectory(prefix=_HOME_PREFIX) as home, Orchard(home=home) as orchard:
+def embedded_orchard(**local_options) -> Iterator[Orchard]:
+    """`local_options`: LocalConfig fields (e.g. zygote=True) on top of the home's defaults."""
+    with tempfile.TemporaryDirectory(prefix=_HOME_PREFIX) as home, \
+            Orchard(home=home, backend=backend_config("local", Path(home), **local_options)
+                    if local_options else None) as orchard:
         _homes[id(orchard)] = Path(home)
         try:
             yield orchard

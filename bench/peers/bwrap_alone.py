@@ -14,6 +14,7 @@ from pathlib import Path
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends.bwrap import (REMAP_BASE, SandboxPaths, bwrap_args, find_bwrap, id_map,
                                             remaps_ids, sandbox_env)
+from orchard.sandbox.backends.local import MOUNT_RACE_ATTEMPTS, MOUNT_RACE_MESSAGES, LocalBackend
 from orchard.sandbox.backends.local_launch import HOST_ENV, writable_subdirs
 from orchard.sandbox.bundle import AgentBundle
 
@@ -38,8 +39,22 @@ def _read_child_pid(info_r: int) -> int:
 def time_bwrap_true(bundle: AgentBundle, spec: SandboxSpec | None = None) -> float:
     """Seconds from spawning bwrap (arguments through a memory file, as the backend passes them) until
     `true` inside it has exited. As root, the user namespace's id maps are written while bwrap waits, as
-    the backend does."""
-    spec = spec or SandboxSpec()
+    the backend does. A run that lost the race with a host mount coming or going under a bound directory
+    (which the backend retries too) is run again."""
+    for attempt in range(1, MOUNT_RACE_ATTEMPTS + 1):
+        try:
+            return _time_once(bundle, spec or SandboxSpec())
+        except _MountRace:
+            if attempt == MOUNT_RACE_ATTEMPTS:
+                raise RuntimeError("bwrap lost the race with the host's mounts every time") from None
+    raise AssertionError("unreachable")
+
+
+class _MountRace(Exception):
+    pass
+
+
+def _time_once(bundle: AgentBundle, spec: SandboxSpec) -> float:
     remap = remaps_ids()
     with tempfile.TemporaryDirectory(prefix="orchard-bench-bwrap-") as tmp:
         paths = SandboxPaths(sandbox_dir=Path(tmp) / "sandbox", run_dir=Path(tmp) / "run")
@@ -55,13 +70,13 @@ def time_bwrap_true(bundle: AgentBundle, spec: SandboxSpec | None = None) -> flo
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe() if remap else (None, None)
         args = bwrap_args(spec, None, paths, bundle.path, "bench", sandbox_env(spec, None, bundle.launch_env()),
-                          info_w, token_fd, userns_block_fd=block_r)
+                          info_w, token_fd, userns_block_fd=block_r, hidden=LocalBackend()._hidden_paths())
         args_fd = _memfd("args", b"".join(a.encode() + b"\0" for a in args))
         passed = [fd for fd in (args_fd, info_w, token_fd, block_r) if fd is not None]
         started = time.perf_counter()
         try:
             proc = subprocess.Popen([find_bwrap(), "--args", str(args_fd), "--", "true"], env=HOST_ENV,
-                                    pass_fds=passed, stdin=subprocess.DEVNULL)
+                                    pass_fds=passed, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         finally:
             for fd in passed:
                 os.close(fd)
@@ -73,7 +88,10 @@ def time_bwrap_true(bundle: AgentBundle, spec: SandboxSpec | None = None) -> flo
                         f.write(id_map())
                 os.write(block_w, b"1")
             if proc.wait(timeout=30) != 0:
-                raise RuntimeError(f"bwrap running `true` exited with {proc.returncode}")
+                error = proc.stderr.read().decode(errors="replace")
+                if any(message in error for message in MOUNT_RACE_MESSAGES):
+                    raise _MountRace()
+                raise RuntimeError(f"bwrap running `true` exited with {proc.returncode}: {error}")
             return time.perf_counter() - started
         finally:
             os.close(info_r)
@@ -82,3 +100,4 @@ def time_bwrap_true(bundle: AgentBundle, spec: SandboxSpec | None = None) -> flo
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            proc.stderr.close()

@@ -306,13 +306,15 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
                hostname: str, env: dict[str, str], info_fd: int, token_fd: int,
                hidden: Sequence[Path] = (), userns_block_fd: int | None = None,
                gateway_socket: Path | None = None,
-               harness_bundles: Sequence[tuple[str, Path]] = ()) -> list[str]:
+               harness_bundles: Sequence[tuple[str, Path]] = (), hold_fd: int | None = None) -> list[str]:
     """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
     command line; the command itself must follow on the real command line. `token_fd` is read by bwrap
     into /.orchard/run/token. With `userns_block_fd`, bwrap waits on it for the backend to write `id_map`
     into the new user namespace, and the agent keeps the capabilities it needs to switch to the sandbox
     user (and then drops them). `gateway_socket`: the model gateway's, bound at GATEWAY_SOCKET.
-    `harness_bundles`: (name, host directory) pairs, mounted read-only at HARNESS_MOUNT_ROOT/<name>."""
+    `harness_bundles`: (name, host directory) pairs, mounted read-only at HARNESS_MOUNT_ROOT/<name>.
+    `hold_fd`: bwrap's init blocks reading it once every mount is made, and runs no command while it
+    does: the agent zygote forks the agent into the namespaces instead (local_zygote.py)."""
     args = ["--unshare-all"]
     if spec.network.mode == "open" and not spec.network.gateway:  # with it: routed (local_netns.routed)
         args.append("--share-net")
@@ -322,6 +324,8 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
         for cap in AGENT_SETUP_CAPS:
             args += ["--cap-add", cap]
     args += ["--new-session", "--hostname", hostname, "--info-fd", str(info_fd)]
+    if hold_fd is not None:
+        args += ["--block-fd", str(hold_fd)]
     rw = paths.writable_dir
     if rootfs is None:
         args += _host_root_args(hidden)

@@ -42,6 +42,7 @@ from orchard.sandbox.backends.local_launch import (check_health, launch_argv, pr
                                                    read_info, release_userns, spawn, wait_ready_line,
                                                    writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
+from orchard.sandbox.backends.local_zygote import Zygote, agent_request, read_ready, zygote_wanted
 from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
                                                   write_record)
@@ -73,7 +74,10 @@ class LocalBackend:
     `image_dir` the images `orchard image import` unpacked (default `$ORCHARD_HOME/images`).
     `agent_apart` (default: `ORCHARD_LOCAL_AGENT_APART=1` in the environment, else off; root only): the
     agent runs as a uid of its own that the workload cannot signal, at the price of a fork instead of a
-    vfork per command (~0.5-1 ms more exec latency); see docs/local-backend.md#user-ids."""
+    vfork per command (~0.5-1 ms more exec latency); see docs/local-backend.md#user-ids.
+    `zygote` (default: `ORCHARD_LOCAL_ZYGOTE=1` in the environment, else off; root only): agents are
+    forked from one pre-started interpreter into their sandboxes instead of each starting its own; see
+    docs/local-backend.md#start-path."""
 
     name = "local"
     Config = LocalConfig
@@ -81,7 +85,7 @@ class LocalBackend:
     def __init__(self, root_dir: Path | None = None, *, run_dir: Path | None = None,
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0,
                  agent_apart: bool | None = None, model_gateway: str | None = None,
-                 image_dir: Path | None = None) -> None:
+                 image_dir: Path | None = None, zygote: bool | None = None) -> None:
         self.root_dir = Path(root_dir) if root_dir is not None else orchard_home() / "sandboxes"
         self.images = ImageStore(Path(image_dir) if image_dir is not None else orchard_home() / "images")
         self.run_base = (Path(run_dir) if run_dir is not None
@@ -93,6 +97,8 @@ class LocalBackend:
         self._bwrap: str | None = None
         self._bundle: AgentBundle | None = None
         self._children: dict[str, subprocess.Popen] = {}
+        self.zygote = zygote
+        self._zygote: Zygote | None = None
         self.gateway_socket = model_gateway_socket(model_gateway)  # network.gateway's (unix:/PATH)
         self.capabilities = local_capabilities(model_gateway=self.gateway_socket is not None)
 
@@ -100,7 +106,7 @@ class LocalBackend:
     def from_config(cls, config: LocalConfig) -> "LocalBackend":
         return cls(config.root_dir, run_dir=config.run_dir, bundle_cache_dir=config.bundle_cache_dir,
                    ready_timeout_s=config.ready_timeout_s, agent_apart=config.agent_apart,
-                   model_gateway=config.model_gateway, image_dir=config.image_dir)
+                   model_gateway=config.model_gateway, image_dir=config.image_dir, zygote=config.zygote)
 
     # ---- paths ---------------------------------------------------------------------------------------
 
@@ -151,6 +157,15 @@ class LocalBackend:
             self._bundle = await asyncio.to_thread(ensure_agent_bundle, self.bundle_cache_dir)
         return self._bwrap, self._bundle
 
+    async def _zygote_for(self, bundle: AgentBundle) -> Zygote:
+        """The running zygote for `bundle`, started (again) when there is none."""
+        if self._zygote is None or not self._zygote.alive() or self._zygote.bundle.path != bundle.path:
+            if self._zygote is not None:
+                await asyncio.to_thread(self._zygote.close)
+            self._zygote = None
+            self._zygote = await asyncio.to_thread(Zygote, bundle)
+        return self._zygote
+
     # ---- create --------------------------------------------------------------------------------------
 
     async def create(self, sandbox_id: str, spec: SandboxSpec, token: str, *, owner: str = "") -> BackendSandbox:
@@ -187,6 +202,7 @@ class LocalBackend:
         self._ensure_run_base()
         self._make_private()
         remap = remaps_ids()
+        zygote = await self._zygote_for(bundle) if zygote_wanted(remap, self.zygote) else None
         try:
             paths.sandbox_dir.mkdir(mode=0o700)
         except FileExistsError:
@@ -197,6 +213,8 @@ class LocalBackend:
                              run_dir=str(paths.run_dir), socket=str(paths.socket))
         agent_url = f"unix://{paths.socket}"
         listener: socket.socket | None = None
+        hold_fd: int | None = None  # with the zygote: what bwrap's init blocks on instead of running the agent
+        agent_fds: list[tuple[int, int]] = []  # with the zygote: (number in the agent, our copy)
         workload_fds: list[int] = []
         userns_w: int | None = None  # bwrap waits on this for its user namespace's id maps
         network: Future[int] | None = None  # network allowlist: set up while the agent starts
@@ -236,14 +254,22 @@ class LocalBackend:
             if workload_fds:
                 agent_argv += ["--workload-cgroup-fds", ",".join(map(str, workload_fds))]
             owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
+            # With the zygote, bwrap gets a pipe to block on (never written: it holds a write end of its
+            # own) in the place of the agent's socket, which goes to the zygote instead.
+            hold_fd = _never_readable_fd() if zygote is not None else None
             proc, info_r, userns_w = spawn(
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
                 lambda info_fd, token_fd, block_fd: bwrap_args(
                     spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd, token_fd,
                     hidden=self._hidden_paths(), userns_block_fd=block_fd, gateway_socket=gateway_socket,
-                    harness_bundles=harness_bundles),
-                paths, token, listener.fileno(), block_userns=remap, keep_fds=tuple(workload_fds))
-            listener.close()  # the agent has it now
+                    harness_bundles=harness_bundles, hold_fd=hold_fd),
+                paths, token, hold_fd if hold_fd is not None else listener.fileno(), block_userns=remap, keep_fds=tuple(workload_fds))
+            hold_number = hold_fd  # bwrap has it at this number
+            if hold_fd is not None:  # copies of the agent's descriptors, for the zygote to hand it
+                os.close(hold_fd)
+                hold_fd = None
+                agent_fds = [(n, os.dup(n)) for n in _fds_named_in(agent_argv)]
+            listener.close()  # the agent (or, with the zygote, our copy) has it now
             for fd in workload_fds:
                 os.close(fd)
             workload_fds = []
@@ -268,7 +294,17 @@ class LocalBackend:
                 write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
                 if local_netns.routed(spec.network) is not None and handle.init_pid:
                     network = self._start_network(sandbox_id, spec, handle, agent_url)
-                await wait_ready_line(proc, self.ready_timeout_s)
+                if zygote is not None:
+                    try:
+                        await self._enter_zygote(zygote, spec, rootfs, env, cg, agent_argv, hold_number or 0,
+                                                 agent_fds, paths, handle, bundle)
+                    finally:
+                        for _, fd in agent_fds:
+                            os.close(fd)
+                        agent_fds = []
+                    write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
+                else:
+                    await wait_ready_line(proc, self.ready_timeout_s)
                 listening_at = time.perf_counter()
             except TimeoutError:
                 raise BackendError(f"the agent did not start within {self.ready_timeout_s:g} s") from None
@@ -277,7 +313,7 @@ class LocalBackend:
             if network is not None:
                 await asyncio.wrap_future(network)
             if remap and handle.init_pid:
-                protect_workload_init(handle.init_pid)
+                protect_workload_init(handle.init_pid, handle.agent_pid)
             timings = StartupTimings(backend_create_ms=(namespaces_at - started) * 1000,
                                      agent_start_ms=(listening_at - namespaces_at) * 1000,
                                      first_health_ms=(healthy_at - listening_at) * 1000,
@@ -286,6 +322,10 @@ class LocalBackend:
         except BaseException as e:
             if listener is not None:
                 listener.close()
+            for _, fd in agent_fds:
+                os.close(fd)
+            if hold_fd is not None:
+                os.close(hold_fd)
             for fd in workload_fds:
                 os.close(fd)
             if userns_w is not None:
@@ -298,6 +338,31 @@ class LocalBackend:
                 raise BackendError(f"sandbox {sandbox_id} failed to start: {e}"
                                    + (f"; agent output: {agent_log}" if agent_log else "")) from e
             raise
+
+    async def _enter_zygote(self, zygote: Zygote, spec: SandboxSpec, rootfs: Path | None, env: dict[str, str],
+                            cg, agent_argv: list[str], hold_fd: int, agent_fds: list[tuple[int, int]],
+                            paths: SandboxPaths, handle: LocalHandle, bundle: AgentBundle) -> None:
+        """Have the zygote fork the agent into the sandbox (bwrap's init now blocks on its hold fd) and
+        wait for its READY line. The agent's descriptors keep the numbers its arguments name."""
+        ready_r, ready_w = os.pipe()
+        log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            nproc = (spec.max_processes if spec.max_processes and (cg is None or "pids" not in cg.controllers)
+                     else None)
+            request = agent_request(
+                init_pid=handle.init_pid or 0, block_fd=hold_fd, nproc=nproc,
+                cgroup_procs=[str(f) for f in cg.procs_files] if cg is not None else [], env=env,
+                cwd=spec.workdir if rootfs is None else "/", argv=agent_argv[agent_argv.index("--listen"):],
+                bundle=bundle)
+            request["fds"] = [number for number, _ in agent_fds]
+            handle.agent_pid = await zygote.enter(request, [ready_w, log_fd, *(fd for _, fd in agent_fds)])
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            os.close(ready_w)
+            os.close(log_fd)
+        await read_ready(ready_r, self.ready_timeout_s)
 
     def _start_network(self, sandbox_id: str, spec: SandboxSpec, handle: LocalHandle,
                        agent_url: str) -> "Future[int]":
@@ -427,8 +492,11 @@ class LocalBackend:
         return live
 
     async def close(self) -> None:
-        """Nothing to release: sandboxes keep running by design, and their state is on disk."""
+        """Stops the zygote; sandboxes keep running by design, and their state is on disk."""
         self._children.clear()
+        if self._zygote is not None:
+            zygote, self._zygote = self._zygote, None
+            await asyncio.to_thread(zygote.close)
 
 
 def _age(path: Path) -> float:
@@ -436,6 +504,28 @@ def _age(path: Path) -> float:
         return time.time() - path.stat().st_mtime
     except FileNotFoundError:
         return 0.0
+
+
+def _never_readable_fd() -> int:
+    """A pipe opened for reading and writing at once (through /proc): a read on it blocks for as long as
+    the descriptor exists, since its holder is a writer too."""
+    read_end, write_end = os.pipe()
+    try:
+        return os.open(f"/proc/self/fd/{read_end}", os.O_RDWR | os.O_CLOEXEC)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _fds_named_in(agent_argv: list[str]) -> list[int]:
+    """The descriptors the agent's arguments name (`--listen fd:N`, `--...-fds N,M`), in order."""
+    fds = []
+    for option, value in zip(agent_argv, agent_argv[1:]):
+        if option == "--listen" and value.startswith("fd:"):
+            fds.append(int(value[3:]))
+        elif option.endswith("-fds"):
+            fds += [int(n) for n in value.split(",") if n]
+    return fds
 
 
 def _handle_of(sandbox: BackendSandbox) -> LocalHandle | None:

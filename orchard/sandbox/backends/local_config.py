@@ -13,6 +13,7 @@ from orchard.sandbox.backends.gateway_socket import socket_path
 from orchard.sandbox.backends import local_netns
 
 AGENT_APART_ENV = "ORCHARD_LOCAL_AGENT_APART"
+ZYGOTE_ENV = "ORCHARD_LOCAL_ZYGOTE"
 
 
 class LocalConfig(BackendConfig):
@@ -30,6 +31,10 @@ class LocalConfig(BackendConfig):
     ready_timeout_s: float = Field(default=30.0, gt=0)
     agent_apart: bool = Field(default=False, description="run the agent under a uid of its own (root only; "
                                                          f"{AGENT_APART_ENV}=1); see docs/local-backend.md")
+    zygote: bool | None = Field(default=None, description="fork each agent from one pre-started interpreter "
+                                                          "instead of starting one per sandbox (root only; "
+                                                          f"default {ZYGOTE_ENV}=1 or off); see "
+                                                          "docs/local-backend.md#start-path")
 
     @field_validator("model_gateway")
     @classmethod

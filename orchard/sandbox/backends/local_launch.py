@@ -248,7 +248,7 @@ def _thread_children(pid: int) -> list[int]:
     return found
 
 
-def protect_workload_init(sandbox_init_pid: int) -> bool:
+def protect_workload_init(sandbox_init_pid: int, agent_pid: int | None = None) -> bool:
     """Exempt the init of the workload's pid namespace (the agent's child named orchard-init, see the
     agent's pidns.py) from the OOM killer: oom_score_adj -1000, which only a holder of CAP_SYS_RESOURCE
     over the host (the backend as root) may set. It never forks, so nothing inherits it, and its /proc
@@ -257,7 +257,7 @@ def protect_workload_init(sandbox_init_pid: int) -> bool:
     could not separate its commands) or the setting failed (without CAP_SYS_RESOURCE, as in a container
     that drops it: logged once)."""
     global _init_protection_warned
-    for agent in _thread_children(sandbox_init_pid):
+    for agent in [agent_pid] if agent_pid else _thread_children(sandbox_init_pid):
         for child in _thread_children(agent):
             try:
                 with open(f"/proc/{child}/comm") as f:

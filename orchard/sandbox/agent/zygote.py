@@ -1,0 +1,236 @@
+"""The agent's zygote: one interpreter on the host, started once per local backend, with the agent already
+imported; each sandbox's agent is forked from it into that sandbox, so no sandbox waits for an interpreter
+to start and import the agent (Linux, run by root; see docs/local-backend.md#start-path).
+
+The backend starts bubblewrap as usual, but with `--block-fd`: once bwrap has made the namespaces and
+every mount (its new root pivoted), its namespace init blocks reading a pipe that nothing ever writes
+(bwrap holds both ends), so it never runs a command and stays the pid namespace's init. The backend
+sends the zygote a request (`serve`): that init's pid, the fd it blocks on, the cgroups, the agent's
+environment, working directory and arguments, and as file descriptors the agent's listening socket, the
+pipe for its READY line and its log. The zygote forks; the child (`_enter`)
+  - joins the sandbox's cgroups (so everything after is limited from its first instruction) and, without
+    a pids group, sets RLIMIT_NPROC;
+  - waits until the init blocks on that fd (its mounts complete), then joins its namespaces with setns:
+    user first, then cgroup, ipc, uts, net, pid and mount (the root and working directory become the
+    sandbox's), skipping any it shares with the host (network `open`);
+  - forks the agent into the pid namespace, answers with the agent's pid and exits.
+The agent (`_become_agent`) then does what bwrap does before it runs a command: a new session, every
+capability dropped but those the agent needs to set itself up (the bounding set too), no_new_privs, the
+sandbox's environment and working directory, no descriptor but its own; and runs the agent's `main`
+with the module search path pointing at the bundle where the sandbox has it mounted (/.orchard).
+
+The zygote reads requests until the backend closes its end, then exits; agents it forked are reaped by
+it (a subreaper) while it lives, by the host's init after."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+# Imported here, before any fork, so that an agent finds its whole server loaded (the point of a zygote).
+from . import __main__ as agent_main  # noqa: F401
+from . import execs, files, forward, http1, identity, pidns, server, sessions, stats, tars, wire  # noqa: F401
+
+MAX_REQUEST = 1 << 20
+# setns order: the user namespace first (the others belong to it), the mount namespace last.
+NAMESPACES = ("user", "cgroup", "ipc", "uts", "net", "pid", "mnt")
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 36, 38, 24
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+BLOCKED_TIMEOUT_S = 30.0
+READ_SYSCALLS = ("0", "63")  # read(2) on x86-64 and on arm64/riscv64
+# The command line agents show (they inherit the zygote's): the bundle's paths as a sandbox has them, not
+# the host's, which say where Orchard keeps its state.
+TITLE = b"/.orchard/runtime/bin/python3 -m orchard_agent (zygote)"
+
+
+class EnterError(Exception):
+    pass
+
+
+def serve(control_fd: int):
+    """The zygote's loop on `control_fd` (a SOCK_SEQPACKET socket to the backend): one request, one fork."""
+    libc, _ctypes = identity._libc(("prctl", "memcpy"))
+    ulong = identity.ulong_type()
+    libc["prctl"](ulong(PR_SET_CHILD_SUBREAPER), ulong(1), ulong(0), ulong(0), ulong(0))
+    _set_command_line(libc, ulong, TITLE)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: _reap())
+    import gc
+
+    gc.collect()
+    gc.freeze()  # what is imported stays shared with every agent instead of being copied by a collection
+    control = socket.socket(fileno=control_fd)
+    control.set_inheritable(False)
+    sys.stdout.write("READY zygote\n")
+    sys.stdout.flush()
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, MAX_REQUEST, 8)
+        except InterruptedError:
+            continue
+        if not message:
+            return
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            control.send(json.dumps({"error": "the zygote could not fork: %s" % exc}).encode())
+            pid = None
+        if pid == 0:
+            code = 1
+            try:
+                _enter(json.loads(message), fds, control)
+            except BaseException:
+                pass
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+
+
+def _set_command_line(libc, ulong, title: bytes):
+    """Overwrite this process's argument area (what /proc/PID/cmdline shows) with `title`."""
+    with open("/proc/self/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rfind(b")") + 2:].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end: fields 48 and 49 of stat
+    data = title[:end - start - 1].ljust(end - start, b"\0")
+    libc["memcpy"](ulong(start), data, ulong(len(data)))
+
+
+def _reap():
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _enter(request: dict, fds: list, control: socket.socket):
+    """In the zygote's child: see the module's docstring. Answers on `control`, then returns (to exit)."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for procs in request["cgroup_procs"]:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        if request.get("nproc"):
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NPROC, (request["nproc"], request["nproc"]))
+        init_pid = request["init_pid"]
+        _wait_blocked(init_pid, request["block_fd"])
+        libc, _ctypes = identity._libc(("setns",))
+        targets = []
+        for name in NAMESPACES:
+            ours, theirs = os.stat("/proc/self/ns/" + name), os.stat("/proc/%d/ns/%s" % (init_pid, name))
+            if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
+                targets.append((name, os.open("/proc/%d/ns/%s" % (init_pid, name), os.O_RDONLY | os.O_CLOEXEC)))
+        if not targets or targets[0][0] != "user":
+            raise EnterError("the sandbox has no user namespace of its own")
+        for name, fd in targets:
+            if libc["setns"](fd, 0) != 0:
+                raise EnterError("setns(%s): %s" % (name, os.strerror(_ctypes.get_errno())))
+            os.close(fd)
+        pid = os.fork()  # the first process of ours in the sandbox's pid namespace
+        if pid == 0:
+            try:
+                control.close()
+                code = _become_agent(request, fds)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 2
+            except BaseException as exc:
+                try:
+                    sys.stderr.write("orchard-agent: could not start in the sandbox: %s\n" % exc)
+                    sys.stderr.flush()
+                finally:
+                    code = 2
+            os._exit(code)
+        control.send(json.dumps({"agent_pid": pid}).encode())
+    except BaseException as exc:
+        control.send(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}).encode())
+
+
+def _wait_blocked(init_pid: int, block_fd: int):
+    """Until the sandbox's init (bwrap) reads `block_fd`: all its mounts are made by then."""
+    expected = "0x%x" % block_fd
+    deadline = time.monotonic() + BLOCKED_TIMEOUT_S
+    while True:
+        try:
+            with open("/proc/%d/syscall" % init_pid) as f:
+                fields = f.read().split()
+        except OSError as exc:
+            raise EnterError("the sandbox's init (pid %d) is gone: %s" % (init_pid, exc))
+        if len(fields) > 1 and fields[0] in READ_SYSCALLS and fields[1] == expected:
+            return
+        if time.monotonic() > deadline:
+            raise EnterError("bwrap did not finish its mounts within %g s" % BLOCKED_TIMEOUT_S)
+        time.sleep(0.0002)
+
+
+def _become_agent(request: dict, fds: list) -> int:
+    """In the sandbox: what bwrap does before it runs a command, then the agent's main. Returns the exit
+    status (main's, or 0)."""
+    import fcntl
+
+    targets = [1, 2, *request["fds"]]  # the READY pipe, the log, then the descriptors the arguments name
+    if len(fds) != len(targets):
+        raise EnterError("got %d descriptors for %d places" % (len(fds), len(targets)))
+    # Above every target first, so that no dup2 below overwrites another of them.
+    base = max(targets) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, base) for fd in fds]
+    os.setsid()
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    for fd, target in zip(moved, targets):
+        os.dup2(fd, target)
+    keep = sorted(set([0] + targets))
+    for low, high in zip(keep, keep[1:] + [os.sysconf("SC_OPEN_MAX")]):
+        os.closerange(low + 1, high)
+    _drop_to_setup_caps(request["caps"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    host, mounted = request["bundle_host"], request["bundle_mounted"]
+    sys.path[:] = [mounted + p[len(host):] if p == host or p.startswith(host + "/") else p for p in sys.path]
+    sys.argv = ["-c", *request["argv"]]
+    agent_main.main(request["argv"])
+    return 0
+
+
+def _drop_to_setup_caps(keep: int):
+    """The capabilities bwrap leaves the agent (`keep`, a mask: bwrap.py AGENT_SETUP_CAPS), in every set
+    and the bounding set; none ambient; no_new_privs. Checked in /proc/self/status."""
+    libc, _ctypes = identity._libc(("prctl", "capset"))
+    ulong = identity.ulong_type()
+
+    class uint32(_ctypes._SimpleCData):
+        _type_ = "I"
+
+    def check(result, what):
+        if result != 0:
+            raise EnterError("%s failed: %s" % (what, os.strerror(_ctypes.get_errno())))
+
+    for cap in range(64):
+        if keep & (1 << cap):
+            continue
+        if libc["prctl"](ulong(PR_CAPBSET_DROP), ulong(cap), ulong(0), ulong(0), ulong(0)) != 0:
+            break  # EINVAL past the last capability the kernel knows (checked below)
+    check(libc["prctl"](ulong(PR_CAP_AMBIENT), ulong(PR_CAP_AMBIENT_CLEAR_ALL), ulong(0), ulong(0), ulong(0)),
+          "clearing the ambient capabilities")
+    header = type("CapHeader", (_ctypes.Array,), {"_type_": uint32, "_length_": 2})(LINUX_CAPABILITY_VERSION_3, 0)
+    low, high = keep & 0xFFFFFFFF, keep >> 32
+    data = type("CapData", (_ctypes.Array,), {"_type_": uint32, "_length_": 6})(low, low, 0, high, high, 0)
+    check(libc["capset"](header, data), "capset")
+    check(libc["prctl"](ulong(PR_SET_NO_NEW_PRIVS), ulong(1), ulong(0), ulong(0), ulong(0)), "no_new_privs")
+    with open("/proc/self/status") as f:
+        status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    got = {name: int(status[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    if got != {"CapInh": 0, "CapPrm": keep, "CapEff": keep, "CapBnd": keep, "CapAmb": 0} \
+            or status.get("NoNewPrivs", "").strip() != "1":
+        raise EnterError("could not set the agent's capabilities as bwrap would: %s"
+                         % {name: hex(value) for name, value in got.items()})

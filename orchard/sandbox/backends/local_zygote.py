@@ -1,0 +1,137 @@
+"""The local backend's side of the agent zygote (the agent's zygote.py): starting it, asking it for an agent
+inside a sandbox, stopping it. One per LocalBackend, started at its first create, run by root only (it
+needs setns into the sandbox's user namespace); see docs/local-backend.md#start-path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import socket
+import subprocess
+import time
+
+from orchard.core.errors import BackendError
+from orchard.sandbox.bundle import AGENT_PACKAGE, DEFAULT_MOUNT_POINT, AgentBundle
+from orchard.sandbox.backends import bwrap as bwrap_module
+from orchard.sandbox.backends.local_config import ZYGOTE_ENV
+from orchard.sandbox.backends.local_launch import HOST_ENV
+
+# Capability numbers (linux/capability.h) of those bwrap may leave the agent (bwrap.py AGENT_SETUP_CAPS).
+CAPABILITIES = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SETPCAP": 8, "CAP_SYS_ADMIN": 21}
+START_TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_S = 40.0  # the zygote's child waits up to 30 s for bwrap's mounts
+
+
+def zygote_wanted(remapped: bool, setting: bool | None) -> bool:
+    """Whether sandboxes get their agent from the zygote: when asked (the `zygote` setting, else
+    ORCHARD_LOCAL_ZYGOTE=1), and only as root, which maps the sandbox's ids and so gives the workload a
+    pid namespace of its own, where it cannot see what holds the sandbox open."""
+    if setting is None:
+        setting = os.environ.get(ZYGOTE_ENV) == "1"
+    return bool(setting) and remapped
+
+
+class Zygote:
+    """A started zygote: `enter` asks it for one agent, `close` stops it (agents it made keep running)."""
+
+    def __init__(self, bundle: AgentBundle) -> None:
+        """Starts it and waits until it has imported the agent. Its own errors go to our stderr (an
+        agent's go to its sandbox's agent.log, failures to fork one to the create that asked)."""
+        self.bundle = bundle
+        self._lock = asyncio.Lock()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._socket = ours
+        launcher = ("import sys; sys.path[:] = [p for p in sys.path if p]; "
+                    f"from {AGENT_PACKAGE}.zygote import serve; serve({theirs.fileno()})")
+        m, root = bundle.manifest, str(bundle.path)
+        argv = [f"{root}/{m.loader}", "--library-path", f"{root}/{m.library_dir}", f"{root}/{m.python}",
+                "-s", "-S", "-B", "-X", "utf8", "-c", launcher]
+        try:
+            self.process = subprocess.Popen(argv, env={**HOST_ENV, **bundle.launch_env(mount_point=root)},
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            pass_fds=(theirs.fileno(),), start_new_session=True)
+        except OSError as e:
+            ours.close()
+            raise BackendError(f"could not start the agent zygote: {e}") from e
+        finally:
+            theirs.close()
+        try:
+            ready, _, _ = select.select([self.process.stdout], [], [], START_TIMEOUT_S)
+            line = self.process.stdout.readline() if ready else b""
+            if not line.startswith(b"READY"):
+                raise BackendError("the agent zygote did not start (its errors are on this process's "
+                                   f"stderr); unset {ZYGOTE_ENV} to start every agent on its own")
+        except BaseException:
+            self.close()
+            raise
+        self.process.stdout.close()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    async def enter(self, request: dict, fds: list[int]) -> int:
+        """Fork an agent into the sandbox whose bwrap init `request["init_pid"]` blocks on
+        `request["block_fd"]`; returns the agent's pid (the host's view). Raises BackendError saying why
+        it could not."""
+        async with self._lock:
+            answer = await asyncio.to_thread(self._exchange, json.dumps(request).encode(), fds)
+        if "agent_pid" not in answer:
+            raise BackendError(f"the agent zygote could not start the agent in the sandbox: "
+                               f"{answer.get('error', answer)}")
+        return int(answer["agent_pid"])
+
+    def _exchange(self, message: bytes, fds: list[int]) -> dict:
+        """One request, one answer. A zygote that does not answer in time is stopped (a late answer
+        would be taken for the next request's); the next create starts a new one."""
+        try:
+            socket.send_fds(self._socket, [message], fds)
+            self._socket.settimeout(ANSWER_TIMEOUT_S)
+            answer = self._socket.recv(1 << 16)
+            if not answer:
+                raise OSError("it exited (its errors are on this process's stderr)")
+            return json.loads(answer)
+        except (OSError, ValueError) as e:
+            self.close()
+            raise BackendError(f"the agent zygote did not answer: {e}") from e
+
+    def close(self) -> None:
+        """Stop the zygote: it exits when its socket closes; killed if it does not within 5 s."""
+        self._socket.close()  # (again: harmless)
+        deadline = time.monotonic() + 5.0
+        while self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None and not self.process.stdout.closed:
+            self.process.stdout.close()
+
+
+def agent_request(*, init_pid: int, block_fd: int, cgroup_procs: list[str], nproc: int | None,
+                  env: dict[str, str], cwd: str, argv: list[str], bundle: AgentBundle) -> dict:
+    """What the zygote needs to start one agent (zygote.py `_enter`): `argv` is the agent's own arguments
+    (after the interpreter's), with `--listen fd:3`."""
+    caps = sum(1 << CAPABILITIES[name] for name in bwrap_module.AGENT_SETUP_CAPS)  # as bwrap's --cap-add
+    return {"init_pid": init_pid, "block_fd": block_fd, "cgroup_procs": cgroup_procs, "nproc": nproc,
+            "env": env, "cwd": cwd, "argv": argv, "caps": caps, "bundle_host": str(bundle.path),
+            "bundle_mounted": DEFAULT_MOUNT_POINT}
+
+
+async def read_ready(fd: int, timeout: float) -> str:
+    """The agent's READY line from the read end of its stdout pipe (closed here); raises TimeoutError, or
+    BackendError when the pipe closed first."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                os.fdopen(fd, "rb", buffering=0))
+    try:
+        while True:
+            line = (await asyncio.wait_for(reader.readline(), timeout)).decode(errors="replace")
+            if not line:
+                raise BackendError("the agent exited before it was ready")
+            if line.startswith("READY"):
+                return line.strip()
+    finally:
+        transport.close()

@@ -1,0 +1,154 @@
+"""The local backend's agent zygote (root only): agents forked from one pre-started interpreter into their
+sandboxes must be indistinguishable, from inside and from the host, from agents bwrap started, and a
+failure on that path must leave nothing behind.
+
+Real sandboxes, real bwrap, the real zygote; each check compares against a sandbox made the classic way
+on the same backend settings. (The whole isolation suite also passes with ORCHARD_LOCAL_ZYGOTE=1.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+import secrets
+from pathlib import Path
+
+import pytest
+
+from orchard.core.errors import BackendError
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.agent_client import AgentSandbox
+from orchard.sandbox.backends import local as local_module
+from orchard.sandbox.backends.local import LocalBackend
+from orchard.sandbox.backends.local_state import process_running
+from orchard.sandbox.bundle import ensure_agent_bundle
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the zygote is used by root only")
+
+# What a workload sees of itself and its agent: ids, capabilities, namespaces' pid view, environment.
+PROBE = ("id -u; id -g; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; echo ---; "
+         "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo ---; env | sort | grep -v -E '^(PWD|SHLVL|_)='; "
+         "echo ---; cat /proc/self/cgroup")
+
+
+@pytest.fixture(scope="module")
+def bundle_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("bundle-cache")
+    ensure_agent_bundle(cache)
+    return cache
+
+
+@pytest.fixture
+async def backends(tmp_path, bundle_cache):
+    made = {kind: LocalBackend(tmp_path / kind, bundle_cache_dir=bundle_cache, zygote=kind == "zygote")
+            for kind in ("classic", "zygote")}
+    yield made
+    for b in made.values():
+        for sb in await b.list_live():
+            await b.delete(sb)
+        await b.close()
+
+
+@contextlib.asynccontextmanager
+async def running(backend: LocalBackend, spec: SandboxSpec | None = None):
+    spec = spec or SandboxSpec()
+    sandbox_id, token = f"z{secrets.token_hex(5)}", secrets.token_hex(16)
+    sb = await backend.create(sandbox_id, spec, token)
+    agent = AgentSandbox(sandbox_id, sb.agent_url, token, workdir=spec.workdir)
+    try:
+        yield sb, agent
+    finally:
+        await agent.close()
+        await backend.delete(sb)
+        assert not process_running(sb.handle["init_pid"], sb.handle["init_start"])
+        if sb.handle.get("agent_pid"):
+            assert not Path(f"/proc/{sb.handle['agent_pid']}/ns").exists() or \
+                Path(f"/proc/{sb.handle['agent_pid']}/status").read_text().count("State:\tZ")
+
+
+def agent_fds(sb) -> list[str]:
+    """What the agent's descriptors are, seen from the host: kinds (socket, pipe) and file names."""
+    from orchard.sandbox.backends.local_state import children_of
+
+    pid = sb.handle.get("agent_pid") or children_of(sb.handle["init_pid"])[0]
+    kinds = []
+    for n in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{n}")
+            kinds.append(target.split(":")[0] if ":[" in target else Path(target).name)
+    return sorted(kinds)
+
+
+def cgroup_relative(text: str) -> str:
+    """The sandbox's cgroup line without its per-sandbox key."""
+    return "".join(ch for ch in text if not ch.isdigit() and ch not in "abcdef")
+
+
+async def test_a_zygote_agent_looks_from_inside_like_one_bwrap_started(backends):
+    spec = SandboxSpec(env={"SEED": "7"}, memory_mb=256, max_processes=64)
+    seen = {}
+    for kind, backend in backends.items():
+        async with running(backend, spec) as (sb, agent):
+            assert (sb.handle.get("agent_pid") is not None) == (kind == "zygote")
+            r = await agent.exec(PROBE)
+            assert r.ok, r
+            seen[kind] = r.stdout.split("---\n")
+            seen[kind + " fds"] = agent_fds(sb)
+            health = await agent.health() if hasattr(agent, "health") else None
+            if isinstance(health, dict):
+                assert health.get("workload_pid_namespace") == "separate"
+    (ids, init, env, groups), (zids, zinit, zenv, zgroups) = seen["classic"], seen["zygote"]
+    assert ids == zids  # uid and gid, no capability at all, no_new_privs
+    assert zinit.startswith("/.orchard/") and "agent-bundle" not in zinit, zinit  # no host path shows
+    assert env == zenv
+    assert cgroup_relative(groups) == cgroup_relative(zgroups)
+    # None of the zygote's own descriptors (its socket to the backend, its stdout) reaches the agent: it
+    # holds nothing a classic agent does not (which also inherits bwrap's pipe for the user id maps).
+    extra = Counter(seen["zygote fds"]) - Counter(seen["classic fds"])
+    assert not extra, (extra, seen["classic fds"], seen["zygote fds"])
+
+
+async def test_a_zygote_agent_is_limited_and_checks_its_token(backends):
+    backend = backends["zygote"]
+    async with running(backend, SandboxSpec(max_processes=32)) as (sb, agent):
+        agent_pid = sb.handle["agent_pid"]
+        groups = {Path(g).name for g in sb.handle["cgroups"]}
+        in_groups = Path(f"/proc/{agent_pid}/cgroup").read_text()
+        assert any(key in in_groups for key in groups), (groups, in_groups)
+        bomb = await agent.exec("for i in $(seq 64); do sleep 5 & done 2>&1 | tail -1; echo done", timeout=60)
+        assert "done" in bomb.stdout and ("fork" in bomb.stdout + bomb.stderr
+                                           or "Resource" in bomb.stdout + bomb.stderr), bomb
+        wrong = AgentSandbox(sb.id, sb.agent_url, "not-the-token")
+        with pytest.raises(Exception, match="401|token"):
+            await wrong.exec("true")
+        await wrong.close()
+
+
+async def test_a_failure_on_the_zygote_path_leaves_nothing_and_the_next_create_works(backends, monkeypatch):
+    backend = backends["zygote"]
+    real = local_module.agent_request
+
+    def broken(**kwargs):
+        return {**real(**kwargs), "cwd": "/no/such/dir"}
+
+    monkeypatch.setattr(local_module, "agent_request", broken)
+    with pytest.raises(BackendError, match="could not start in the sandbox|exited before"):
+        await backend.create("broken", SandboxSpec(), "tok")
+    assert list(backend.root_dir.iterdir()) == []
+    assert not (backend.run_base / backend._key("broken")).exists()
+    monkeypatch.setattr(local_module, "agent_request", real)
+    async with running(backend) as (_, agent):
+        assert (await agent.exec("echo fine")).stdout == "fine\n"
+
+
+async def test_sandboxes_outlive_the_zygote_and_a_new_one_replaces_it(backends):
+    backend = backends["zygote"]
+    async with running(backend) as (_, first):
+        zygote = backend._zygote
+        assert zygote is not None and zygote.alive()
+        await backend.close()
+        assert not zygote.alive()
+        assert (await first.exec("echo alive")).stdout == "alive\n"
+        async with running(backend) as (_, second):
+            assert backend._zygote is not zygote and backend._zygote.alive()
+            assert (await second.exec("echo second")).stdout == "second\n"
