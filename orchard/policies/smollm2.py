@@ -141,7 +141,8 @@ class EngineSettings(BaseModel):
     def lean_dtype(self, torch: Any) -> Any:
         if self.dtype:
             return getattr(torch, self.dtype)
-        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes
+        native = any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
         return torch.bfloat16 if native else torch.float32
 
 
