@@ -65,14 +65,14 @@ def serve(control_fd: int):
     gc.freeze()  # what is imported stays shared with every agent instead of being copied by a collection
     control = socket.socket(fileno=control_fd)
     control.set_inheritable(False)
+    # Requests are read into this one buffer and parsed only in the forked child; the zygote zeroes it
+    # after each fork, so no later agent inherits an earlier sandbox's request (its environment).
+    buffer = bytearray(MAX_REQUEST)
     sys.stdout.write("READY zygote\n")
     sys.stdout.flush()
     while True:
-        try:
-            message, fds, _, _ = socket.recv_fds(control, MAX_REQUEST, 8)
-        except InterruptedError:
-            continue
-        if not message:
+        size, fds = _receive(control, buffer)
+        if not size:
             return
         try:
             pid = os.fork()
@@ -80,15 +80,30 @@ def serve(control_fd: int):
             control.send(json.dumps({"error": "the zygote could not fork: %s" % exc}).encode())
             pid = None
         if pid == 0:
-            code = 1
             try:
-                _enter(json.loads(message), fds, control)
-            except BaseException:
-                pass
+                _enter(json.loads(bytes(buffer[:size])), fds, control)
             finally:
-                os._exit(code)
+                os._exit(1)
+        buffer[:size] = bytes(size)
         for fd in fds:
             os.close(fd)
+
+
+def _receive(control: socket.socket, buffer: bytearray):
+    """(size, descriptors) of one request read into `buffer`; (0, []) once the backend has gone."""
+    import array
+
+    fds = array.array("i")
+    while True:
+        try:
+            size, ancillary, _, _ = control.recvmsg_into([buffer], socket.CMSG_SPACE(16 * fds.itemsize))
+            break
+        except InterruptedError:
+            continue
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    return size, list(fds)
 
 
 def _set_command_line(libc, ulong, title: bytes):
