@@ -69,13 +69,10 @@ async def _capture_prompts(trajectories: Sequence[Trajectory], target: str, suit
     """Kimi-CLI's and OpenHands' prompts are the harness's own: run it once per task not captured yet
     (orchard.recipes.translate_captured)."""
     from orchard.recipes.translate_captured import CAPTURED_HARNESSES, capture_prompts
-    from orchard.sandbox.client import AsyncOrchard
 
     task_ids = sorted({t.task_id for t in trajectories if t.task_id and t.agent.name != target})
-    if target not in CAPTURED_HARNESSES or not task_ids:
-        return
-    async with AsyncOrchard(home=home) as orchard:
-        await capture_prompts(target, task_ids, suite=suite, orchard_client=orchard, home=home)
+    if target in CAPTURED_HARNESSES and task_ids:  # the harness runs in sandboxes of $ORCHARD_HOME
+        await capture_prompts(target, task_ids, suite=suite, home=home)
 
 
 async def _assign(trajectories: Sequence[Trajectory], settings: CreditSettings, suite: str,

@@ -78,9 +78,17 @@ class ScriptedRun:
 async def run_scripted(harness: str, scripts: dict[str, list[dict[str, Any]]], *, suite: str | Path,
                        orchard_client: Any = None, parallel: int = 2, out_dir: Path | None = None,
                        harness_options: dict[str, Any] | None = None) -> ScriptedRun:
-    """One rollout of `harness` per task of `scripts` (task id -> replies), through the evaluator."""
+    """One rollout of `harness` per task of `scripts` (task id -> replies), through the evaluator.
+    `orchard_client` gives the sandboxes of a harness that runs in Orchard's process; one that runs inside
+    the sandbox (from a harness bundle) gets the evaluator's own embedded orchestrator ($ORCHARD_HOME),
+    the one that can route its sandboxes to the run's gateway."""
+    from orchard.core.harness import get_harness
     from orchard.core.jsonl import read_jsonl
+    from orchard.eval.in_sandbox import harness_bundle
     from orchard.eval.runner import run_eval
+
+    if harness_bundle(get_harness(harness, **(harness_options or {}))):
+        orchard_client = None
 
     policy = ScriptPolicy(scripts)
     name = f"script-{uuid.uuid4().hex[:10]}"
