@@ -32,6 +32,7 @@ class Tally:
     cycles_ok: int = 0
     cycles_failed: int = 0
     errors: Counter = field(default_factory=Counter)  # "Type: message start" -> count
+    examples: dict[str, str] = field(default_factory=dict)  # kind -> the first whole message of that kind
     unexpected: list[str] = field(default_factory=list)  # not an OrchardError, or an unclear one
     hangs: list[str] = field(default_factory=list)
     wrong_answers: list[str] = field(default_factory=list)
@@ -46,7 +47,9 @@ class Tally:
         elif len(str(exc)) < 20:
             self.unexpected.append(f"{what}: {type(exc).__name__} with an unclear message {str(exc)!r}")
         else:
-            self.errors[f"{type(exc).__name__}: {_shape(str(exc))}"] += 1
+            kind = f"{type(exc).__name__}: {_shape(str(exc))}"
+            self.errors[kind] += 1
+            self.examples.setdefault(kind, f"{what}: {exc}")
 
     def summary(self) -> str:
         times = sorted(self.create_s) or [0.0]
@@ -54,6 +57,9 @@ class Tally:
                  f"create p50 {times[len(times) // 2]:.2f} s, max {times[-1]:.2f} s"]
         lines += [f"  {n:5d} x {kind}" for kind, n in self.errors.most_common()]
         return "\n".join(lines)
+
+    def example_messages(self) -> str:
+        return "\n".join(f"  {example[:400]}" for example in self.examples.values())
 
 
 def _shape(message: str) -> str:

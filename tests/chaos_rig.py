@@ -192,6 +192,11 @@ def pool_claims(home: Path) -> int:
 # --- what a run left behind ----------------------------------------------------------------------------
 
 
+# A record is finished once deleted, or lost with its leftovers removed (an idle pool member that died is
+# lost and stays so: it is listed to no one, so no one deletes it, and it is forgotten after the retention).
+FINISHED_STATES = ("deleted", "lost")
+
+
 class Footprint(BaseModel):
     """What still exists of a run's sandboxes; every list empty = nothing left."""
 
@@ -199,7 +204,7 @@ class Footprint(BaseModel):
     mounts: list[str] = []
     cgroups: list[str] = []
     dirs: list[str] = []
-    records: list[str] = []  # store rows in a state other than deleted
+    records: list[str] = []  # store rows not finished (see FINISHED_STATES), quarantined ones pending
     pods: list[str] = []
     secrets: list[str] = []
     network_policies: list[str] = []
@@ -229,6 +234,16 @@ def _describe_pid(pid: int) -> str:
     return f"{pid} ({cmdline.strip()[:80]})"
 
 
+def _sandbox_key_of(cgroup_line: str) -> str | None:
+    """The sandbox key of a `/proc/PID/cgroup` line: the group right under an `orchard` group (a sandbox's
+    group may have groups of its own beneath it)."""
+    parts = cgroup_line.split(":", 2)[-1].split("/")
+    for parent, child in zip(parts, parts[1:]):
+        if parent == "orchard":
+            return child
+    return None
+
+
 def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
     """What of the sandboxes `ids` (and any sandbox carrying `mark`) is left under `home`'s local backend:
     processes (by the mark in their environment, or by living in one of the sandboxes' cgroups), mounts
@@ -250,8 +265,7 @@ def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
             groups = Path(f"/proc/{pid}/cgroup").read_text()
         except OSError:
             continue
-        in_group = any(line.rsplit("/", 1)[-1] in keys for line in groups.splitlines()
-                       if "/orchard/" in line)
+        in_group = any(_sandbox_key_of(line) in keys for line in groups.splitlines())
         if needle in environ or in_group:
             found.processes.append(_describe_pid(pid))
     with open("/proc/self/mountinfo") as f:
@@ -266,7 +280,7 @@ def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
         found.dirs += [str(p) for p in sandboxes.iterdir()]
     found.dirs += sorted(d for d in run_dirs if os.path.lexists(d))
     found.records = sorted(f"{sandbox_id}={state}" for sandbox_id, state in store_states(home).items()
-                           if state != "deleted")
+                           if state not in FINISHED_STATES)
     return found
 
 

@@ -30,7 +30,7 @@ import pytest
 from orchard.core.errors import CapacityExceeded
 from orchard.sandbox.client import AsyncOrchard
 from tests.chaos_clients import Tally, run_workers
-from tests.chaos_rig import (MARK, ChaosServer, Sampler, delete_random_pod, k8s_footprint, k8s_pod_names,
+from tests.chaos_rig import (FINISHED_STATES, MARK, ChaosServer, Footprint, Sampler, delete_random_pod, k8s_footprint, k8s_pod_names,
                              kill_in_local_sandbox, local_footprint, local_sandbox_count, new_mark, pool_claims,
                              store_states, wait_until_empty)
 from tests.k8s_cluster import CLUSTER_SCRIPT, POD_PIDS_LIMIT, require_cluster
@@ -61,7 +61,8 @@ class ChaosRun:
     def summary(self, seed: int, workers: int, cap: int, server: ChaosServer) -> str:
         return (f"\nchaos seed {seed}: {self.elapsed_s:.0f} s, {workers} workers, kills {dict(self.kills)}, "
                 f"orchestrator starts {server.starts} ({', '.join(f'{t:.1f}' for t in server.start_s)} s); peak {self.sampler.peak} sandboxes, cap {cap} "
-                f"({len(self.sampler.samples)} samples)\n{self.tally.summary()}")
+                f"({len(self.sampler.samples)} samples)\n{self.tally.summary()}\none of each:\n"
+                f"{self.tally.example_messages()}")
 
 
 async def _chaos(server: ChaosServer, kill_part: Callable[[random.Random], str | None], rng: random.Random,
@@ -89,6 +90,7 @@ async def _chaos(server: ChaosServer, kill_part: Callable[[random.Random], str |
 
 
 async def _run_chaos(server: ChaosServer, spec: dict, *, kill_part: Callable[[random.Random], str | None],
+                     footprint_of: Callable[[str], Footprint],
                      kill_every_cycles: tuple[int, int], count: Callable[[], int], sample_every_s: float,
                      crash_every_s: float, workers: int, cycles: int, seconds: float, seed: int) -> ChaosRun:
     """Clients and chaos together; then one last orchestrator crash with a sandbox running, which the
@@ -104,6 +106,8 @@ async def _run_chaos(server: ChaosServer, spec: dict, *, kill_part: Callable[[ra
             _chaos(server, kill_part, rng, stop_at, kills, crash_every_s, tally, kill_every_cycles))
         elapsed = time.monotonic() - started
         survivor = await _create_survivor(server, spec)
+        seen = await asyncio.to_thread(footprint_of, survivor.id)  # the orphan checks see a live sandbox
+        assert not seen.empty, f"the footprint of running sandbox {survivor.id} is empty"
         server.kill()
         server.start()
         async with AsyncOrchard(server.url, server.api_key, timeout=CLIENT_TIMEOUT_S) as orch:
@@ -146,6 +150,11 @@ def _check(run: ChaosRun, cap: int, expected_kills: tuple[str, ...]) -> None:
     assert run.tally.cycles_ok * 2 > len(run.tally.seen_ids), run.tally.summary()
 
 
+def _must_show(found: Footprint, *parts: str) -> Footprint:
+    """`found` if each of `parts` holds something; an empty footprint otherwise (the caller fails)."""
+    return found if all(getattr(found, part) for part in parts) else Footprint()
+
+
 def _kill_in_local_sandbox(home, rng: random.Random) -> str | None:
     what = rng.choice(("agent", "agent", "init", "monitor"))
     return what if kill_in_local_sandbox(home, rng, what) else None
@@ -168,6 +177,7 @@ async def test_chaos_on_the_local_backend_leaves_nothing(tmp_path):
     try:
         run = await _run_chaos(
             server, spec, kill_part=lambda rng: _kill_in_local_sandbox(home, rng), kill_every_cycles=(1, 6),
+            footprint_of=lambda i: _must_show(local_footprint(home, mark, {i}), "processes", "cgroups", "dirs"),
             # Directories exist from before anything of a sandbox runs until after all of it is gone.
             count=lambda: local_sandbox_count(home), sample_every_s=0.05,
             crash_every_s=ORCHESTRATOR_KILL_EVERY_S, workers=workers, cycles=cycles, seconds=seconds, seed=seed)
@@ -203,19 +213,22 @@ async def test_chaos_on_kubernetes_leaves_nothing(tmp_path):
            "ORCHARD_K8S_POD_PIDS_LIMIT": str(POD_PIDS_LIMIT)}
     server = ChaosServer(tmp_path, secrets.token_urlsafe(16), backend="kubernetes", env=env,
                          options={"caps": {"max_sandboxes": cap, "wait_s": 30.0}})
+    # An allowlist gives every sandbox a NetworkPolicy of its own: one more object that must not leak.
     spec = {"image": K8S_IMAGE, "cpu": 0.05, "memory_mb": 64, "labels": {"chaos": instance}, "timeout_s": 600,
-            "heartbeat_timeout_s": 30}
+            "heartbeat_timeout_s": 30, "network": {"mode": "allowlist", "allow": ["192.0.2.7:443"]}}
     try:
         run = await _run_chaos(
             server, spec,
             kill_part=lambda rng: "pod" if delete_random_pod(kubeconfig, namespace, instance, rng) else None,
             kill_every_cycles=(1, 4),
+            footprint_of=lambda i: _must_show(k8s_footprint(kubeconfig, namespace, instance), "pods", "secrets",
+                                              "network_policies"),
             count=lambda: len(k8s_pod_names(kubeconfig, namespace, instance)), sample_every_s=0.25,
             crash_every_s=30.0, workers=workers, cycles=cycles, seconds=seconds, seed=seed)
         print(run.summary(seed, workers, cap, server))
         footprint = wait_until_empty(lambda: k8s_footprint(kubeconfig, namespace, instance), timeout_s=60)
         assert footprint.empty, f"left behind: {footprint.describe()}"
-        assert [i for i, state in store_states(tmp_path).items() if state != "deleted"] == []
+        assert [i for i, state in store_states(tmp_path).items() if state not in FINISHED_STATES] == []
         _check(run, cap, ("orchestrator", "pod"))
     finally:
         server.kill()
