@@ -12,7 +12,7 @@ A cgroup is joined by a process, not by a thread, and the commands must start wi
 or a fork costs ~0.7 ms per command). So the agent keeps a spawner process (forkserver.py) in `workload`:
 it forks it from its pid namespace's spawner thread (pidns.py: the spawner is then in the workload's pid
 namespace, as the commands must be), writes its pid into `workload` before sending it anything, and hands
-it each command with its pipes. The spawner is the commands' parent and reports their exit; the agent
+it each command with its pipes (it starts them with posix_spawn, see forkserver.py). The spawner is the commands' parent and reports their exit; the agent
 knows them by the pids of its own namespace (from a pidfd's fdinfo), so it can signal their process
 groups as before. A workload that fills its memory meets its own limit: the OOM killer chooses among its
 processes only, so the command gets SIGKILL (exit 137) and the agent answers on. The spawner shares the
