@@ -10,6 +10,7 @@ import os
 import select
 import socket
 import subprocess
+import threading
 import time
 
 from orchard.core.errors import BackendError
@@ -40,7 +41,7 @@ class Zygote:
         """Starts it and waits until it has imported the agent. Its own errors go to our stderr (an
         agent's go to its sandbox's agent.log, failures to fork one to the create that asked)."""
         self.bundle = bundle
-        self._lock = asyncio.Lock()
+        self._lock = threading.Lock()  # one request at a time, whichever event loop or thread asks
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._socket = ours
         launcher = ("import sys; sys.path[:] = [p for p in sys.path if p]; "
@@ -75,8 +76,7 @@ class Zygote:
         """Fork an agent into the sandbox whose bwrap init `request["init_pid"]` blocks on
         `request["block_fd"]`; returns the agent's pid (the host's view). Raises BackendError saying why
         it could not."""
-        async with self._lock:
-            answer = await asyncio.to_thread(self._exchange, json.dumps(request).encode(), fds)
+        answer = await asyncio.to_thread(self._exchange, json.dumps(request).encode(), fds)
         if "agent_pid" not in answer:
             raise BackendError(f"the agent zygote could not start the agent in the sandbox: "
                                f"{answer.get('error', answer)}")
@@ -85,6 +85,10 @@ class Zygote:
     def _exchange(self, message: bytes, fds: list[int]) -> dict:
         """One request, one answer. A zygote that does not answer in time is stopped (a late answer
         would be taken for the next request's); the next create starts a new one."""
+        with self._lock:
+            return self._exchange_locked(message, fds)
+
+    def _exchange_locked(self, message: bytes, fds: list[int]) -> dict:
         try:
             socket.send_fds(self._socket, [message], fds)
             self._socket.settimeout(ANSWER_TIMEOUT_S)
