@@ -96,8 +96,9 @@ async def delete_until_gone(orch: AsyncOrchard, sandbox_id: str, tally: Tally, s
 
 
 async def one_cycle(orch: AsyncOrchard, rng: random.Random, spec: dict[str, Any], tally: Tally,
-                    stop_at: float) -> bool:
-    """One create → use → delete; False when the create failed (nothing to use)."""
+                    stop_at: float, hold_s: tuple[float, float] = (0.0, 0.0)) -> bool:
+    """One create → use → delete; False when the create failed (nothing to use). Between the exec and the
+    file round trip the sandbox is held for a time drawn from `hold_s`."""
     began = time.monotonic()
     try:
         sandbox = await bounded(orch.create(**spec), "create")
@@ -114,6 +115,8 @@ async def one_cycle(orch: AsyncOrchard, rng: random.Random, spec: dict[str, Any]
         result = await bounded(sandbox.exec(f"echo {word}", timeout=30), "exec")
         if result.stdout != f"{word}\n":
             tally.wrong_answers.append(f"{sandbox.id}: echo {word} gave {result.stdout!r}")
+        if hold_s[1] > 0:
+            await asyncio.sleep(rng.uniform(*hold_s))
         if rng.random() < 0.3:
             data = rng.randbytes(rng.randint(0, 4096))
             await bounded(sandbox.write_file("chaos.bin", data), "write_file")
@@ -133,7 +136,8 @@ async def one_cycle(orch: AsyncOrchard, rng: random.Random, spec: dict[str, Any]
 
 
 async def run_workers(make_client: Callable[[], AsyncOrchard], spec: dict[str, Any], *, workers: int,
-                      cycles: int, stop_at: float, seed: int, tally: Tally) -> None:
+                      cycles: int, stop_at: float, seed: int, tally: Tally,
+                      hold_s: tuple[float, float] = (0.0, 0.0)) -> None:
     """`workers` loops sharing a budget of `cycles` sandboxes (creates that failed, e.g. while the
     orchestrator was down, do not spend it), until it is spent or `stop_at` (monotonic) passes."""
     left = [cycles]
@@ -142,7 +146,7 @@ async def run_workers(make_client: Callable[[], AsyncOrchard], spec: dict[str, A
         rng = random.Random(seed * 1000 + index)
         async with make_client() as orch:
             while time.monotonic() < stop_at and left[0] > 0:
-                if await one_cycle(orch, rng, spec, tally, stop_at + 30):
+                if await one_cycle(orch, rng, spec, tally, stop_at + 30, hold_s):
                     left[0] -= 1
 
     await asyncio.gather(*(worker(i) for i in range(workers)))

@@ -362,8 +362,9 @@ def kill_in_local_sandbox(home: Path, rng, what: str) -> str | None:
 # --- chaos on the Kubernetes backend -------------------------------------------------------------------
 
 
-def k8s_pod_names(kubeconfig: str, namespace: str, instance: str) -> list[str]:
-    """Every Pod of one backend instance, those being deleted included."""
+def k8s_pod_names(kubeconfig: str, namespace: str, instance: str, *, running_only: bool = False) -> list[str]:
+    """Every Pod of one backend instance, those being deleted included (`running_only`: those running and
+    not being deleted)."""
     from kubernetes import client
 
     from orchard.sandbox.backends.k8s_client import load_api_client
@@ -372,19 +373,23 @@ def k8s_pod_names(kubeconfig: str, namespace: str, instance: str) -> list[str]:
     api = load_api_client(kubeconfig)
     try:
         pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=instance_selector(instance))
-        return [p.metadata.name for p in pods.items]
+        return [p.metadata.name for p in pods.items
+                if not running_only or (p.status.phase == "Running" and p.metadata.deletion_timestamp is None)]
     finally:
         api.close()
 
 
 def delete_random_pod(kubeconfig: str, namespace: str, instance: str, rng) -> str | None:
-    """Delete one random Pod of the instance at once (grace 0), as a node failure or eviction would."""
+    """Delete one random Pod of the instance at once (grace 0), as a node failure or eviction would: a
+    running one when there is one, half of the time (else Pods would mostly die while starting, which is
+    where they spend most of their short lives)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     from orchard.sandbox.backends.k8s_client import load_api_client
 
-    names = k8s_pod_names(kubeconfig, namespace, instance)
+    names = k8s_pod_names(kubeconfig, namespace, instance, running_only=rng.random() < 0.5)
+    names = names or k8s_pod_names(kubeconfig, namespace, instance)
     if not names:
         return None
     name = rng.choice(names)

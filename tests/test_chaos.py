@@ -91,7 +91,7 @@ async def _chaos(server: ChaosServer, kill_part: Callable[[random.Random], str |
 
 async def _run_chaos(server: ChaosServer, spec: dict, *, kill_part: Callable[[random.Random], str | None],
                      footprint_of: Callable[[str], Footprint],
-                     kill_every_cycles: tuple[int, int], count: Callable[[], int], sample_every_s: float,
+                     kill_every_cycles: tuple[int, int], hold_s: tuple[float, float] = (0.0, 0.0), count: Callable[[], int], sample_every_s: float,
                      crash_every_s: float, workers: int, cycles: int, seconds: float, seed: int) -> ChaosRun:
     """Clients and chaos together; then one last orchestrator crash with a sandbox running, which the
     restarted one must adopt, a sweep that deletes whatever is listed, and a graceful stop."""
@@ -102,7 +102,7 @@ async def _run_chaos(server: ChaosServer, spec: dict, *, kill_part: Callable[[ra
     with Sampler(count, sample_every_s) as sampler:
         await asyncio.gather(
             run_workers(lambda: AsyncOrchard(server.url, server.api_key, timeout=CLIENT_TIMEOUT_S), spec,
-                        workers=workers, cycles=cycles, stop_at=stop_at, seed=seed, tally=tally),
+                        workers=workers, cycles=cycles, stop_at=stop_at, seed=seed, tally=tally, hold_s=hold_s),
             _chaos(server, kill_part, rng, stop_at, kills, crash_every_s, tally, kill_every_cycles))
         elapsed = time.monotonic() - started
         survivor = await _create_survivor(server, spec)
@@ -220,7 +220,8 @@ async def test_chaos_on_kubernetes_leaves_nothing(tmp_path):
         run = await _run_chaos(
             server, spec,
             kill_part=lambda rng: "pod" if delete_random_pod(kubeconfig, namespace, instance, rng) else None,
-            kill_every_cycles=(1, 4),
+            kill_every_cycles=(1, 4), hold_s=(0.5, 3.0),  # a Pod starts in seconds: hold it, or it is only
+            # ever killed while starting
             footprint_of=lambda i: _must_show(k8s_footprint(kubeconfig, namespace, instance), "pods", "secrets",
                                               "network_policies"),
             count=lambda: len(k8s_pod_names(kubeconfig, namespace, instance)), sample_every_s=0.25,
