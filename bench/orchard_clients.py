@@ -54,6 +54,8 @@ def agent_host_pid(orchard: Orchard, sandbox) -> int:
     sandbox's `meta.json` under the client's home. (The workload cannot see its agent: commands run in a
     pid namespace of their own, so the agent is read from the host.)"""
     record = read_record(_homes[id(orchard)] / "sandboxes" / sandbox.id / "meta.json")
+    if record is not None and record.handle.agent_pid:  # forked by the agent zygote: recorded as such
+        return record.handle.agent_pid
     init_pid = record.handle.init_pid if record else None
     children = children_of(init_pid) if init_pid else []
     if len(children) != 1:
