@@ -108,6 +108,12 @@ _ERROR_BY_STATUS: dict[int, type[OrchardError]] = {
     413: PayloadTooLarge, 429: CapacityExceeded, 503: BackendError}
 
 
+def _describe(exc: Exception) -> str:
+    """What went wrong with a request: httpx's message, which is empty for some errors (a connection reset
+    is `ReadError('')`), so never an empty string."""
+    return str(exc) or f"the connection broke ({type(exc).__name__}, e.g. reset by the server)"
+
+
 def _quoted(sandbox_id: str) -> str:
     """The id as one URL path segment, so that an odd id can never address another route."""
     if sandbox_id in ("", ".", ".."):
@@ -223,7 +229,7 @@ class RemoteControlPlane:
         try:
             response = await self._http.request(method, path, json=json, params=params, headers=headers, **extra)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise BackendError(f"cannot reach the Orchard server at {self.url} ({exc or type(exc).__name__}); "
+            raise BackendError(f"cannot reach the Orchard server at {self.url} ({_describe(exc)}); "
                                "check that `orchard serve` is running there and that ORCHARD_URL is right") from exc
         except httpx.TimeoutException as exc:
             error = OrchardError(f"the Orchard server at {self.url} did not answer {method} {path} in time; "
@@ -231,7 +237,7 @@ class RemoteControlPlane:
             raise (_Retryable(error) if retryable else error) from exc
         except httpx.TransportError as exc:
             error = OrchardError(f"talking to the Orchard server at {self.url} failed during {method} {path}: "
-                                 f"{exc or type(exc).__name__}")
+                                 f"{_describe(exc)}")
             raise (_Retryable(error) if retryable else error) from exc
         if response.status_code >= 400:
             raise self._error(response)
