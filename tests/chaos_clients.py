@@ -44,7 +44,8 @@ class Tally:
             self.hangs.append(f"{what}: {exc}")
         elif not isinstance(exc, OrchardError):
             self.unexpected.append(f"{what}: {''.join(traceback.format_exception(exc))[-1500:]}")
-        elif len(str(exc)) < 20:
+        elif len(str(exc)) < 20 or str(exc).rstrip().endswith(":") or "()" in str(exc):
+            # too short to say anything, or a cause left out ("...: " with nothing after it)
             self.unexpected.append(f"{what}: {type(exc).__name__} with an unclear message {str(exc)!r}")
         else:
             kind = f"{type(exc).__name__}: {_shape(str(exc))}"

@@ -11,7 +11,8 @@ How long it runs (see docs/robustness.md):
 - ORCHARD_CHAOS_SECONDS: at most this long under chaos (default 75 local, 90 Kubernetes); the run ends
   at whichever comes first;
 - ORCHARD_CHAOS_WORKERS: clients at once (default 8 local, 4 Kubernetes);
-- ORCHARD_CHAOS_SEED: the seed of every random choice (default 13), printed with the results."""
+- ORCHARD_CHAOS_SEED: the seed of every random choice (default 13), printed with the results;
+- ORCHARD_CHAOS_CRASH_EVERY_S: the mean time between orchestrator kills (default 12 local, 30 Kubernetes)."""
 
 from __future__ import annotations
 
@@ -180,7 +181,7 @@ async def test_chaos_on_the_local_backend_leaves_nothing(tmp_path):
             footprint_of=lambda i: _must_show(local_footprint(home, mark, {i}), "processes", "cgroups", "dirs"),
             # Directories exist from before anything of a sandbox runs until after all of it is gone.
             count=lambda: local_sandbox_count(home), sample_every_s=0.05,
-            crash_every_s=ORCHESTRATOR_KILL_EVERY_S, workers=workers, cycles=cycles, seconds=seconds, seed=seed)
+            crash_every_s=_setting("CRASH_EVERY_S", ORCHESTRATOR_KILL_EVERY_S), workers=workers, cycles=cycles, seconds=seconds, seed=seed)
         print(run.summary(seed, workers, cap, server) + f"\nclaimed from the pool: {pool_claims(home)}")
         ids = run.tally.seen_ids | set(store_states(home))
         footprint = wait_until_empty(lambda: local_footprint(home, mark, ids), timeout_s=15)
@@ -225,7 +226,7 @@ async def test_chaos_on_kubernetes_leaves_nothing(tmp_path):
             footprint_of=lambda i: _must_show(k8s_footprint(kubeconfig, namespace, instance), "pods", "secrets",
                                               "network_policies"),
             count=lambda: len(k8s_pod_names(kubeconfig, namespace, instance)), sample_every_s=0.25,
-            crash_every_s=30.0, workers=workers, cycles=cycles, seconds=seconds, seed=seed)
+            crash_every_s=_setting("CRASH_EVERY_S", 30.0), workers=workers, cycles=cycles, seconds=seconds, seed=seed)
         print(run.summary(seed, workers, cap, server))
         footprint = wait_until_empty(lambda: k8s_footprint(kubeconfig, namespace, instance), timeout_s=60)
         assert footprint.empty, f"left behind: {footprint.describe()}"
