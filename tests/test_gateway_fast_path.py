@@ -17,7 +17,7 @@ import pytest
 
 from orchard.core.errors import InvalidRequest, ModelError, ModelRateLimited, ModelUnreachable, OrchardError
 from orchard.gateway import Gateway, GatewayConfig, ModelRoute
-from orchard.gateway.direct import direct_target
+from orchard.gateway.direct import env_proxy, direct_target
 from orchard.gateway.provider import load_litellm
 from tests.running_server import free_port
 from tests.test_gateway import TOOLS, USER, load_script, received, scripted  # noqa: F401 (scripted: a fixture)
@@ -239,3 +239,20 @@ async def test_other_routes_go_through_litellm(scripted, gateways, monkeypatch):
     assert direct_target(ModelRoute(model="openai/scripted", api_key="unused")) is None
     assert direct_target(ModelRoute(model="orchard/oracle")) is None
     assert direct_target(ModelRoute(model="hosted_vllm/Qwen/Qwen3-8B", api_base="http://vllm:8000/v1")) is not None
+
+
+async def test_proxy_from_the_environment_as_litellm(stub, gateways, monkeypatch):
+    """HTTP_PROXY is honoured on both paths (the stub stands in for the proxy; the server's name never resolves)."""
+    stub.answers = [(200, completion("via the proxy"), 0.0)]
+    for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", stub.url.removesuffix("/v1"))
+    env_proxy.cache_clear()
+    try:
+        route = ModelRoute(model="openai/stub", api_base="http://model.invalid/v1", api_key="unused")
+        for gateway in gateways({"m": route}):
+            body = await gateway.complete("k", {"model": "m", "messages": USER})
+            assert body["choices"][0]["message"]["content"] == "via the proxy"
+        assert stub.requests == 2
+    finally:
+        env_proxy.cache_clear()

@@ -169,7 +169,7 @@ class ClientPool:
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
         if session is None or session.closed:
-            # no limit on connections at once (as litellm's pool for these servers), idle ones kept for reuse
+            # no limit on connections at once, idle ones kept for reuse; proxies: env_proxy
             session = self._sessions[loop] = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0), json_serialize=_dumps)
         return session
@@ -200,6 +200,19 @@ def _close_elsewhere(loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSes
         loop.run_until_complete(session.close())
 
 
+@functools.lru_cache(maxsize=256)
+def env_proxy(url: str) -> tuple[Any, Any]:
+    """(proxy, proxy auth) for `url` from the environment (HTTP_PROXY, NO_PROXY, ...), as litellm's aiohttp
+    transport takes them; looked up once per server (aiohttp's trust_env looks again on every request)."""
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    try:
+        return get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None, None
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -213,10 +226,12 @@ async def post_completion(pool: ClientPool, target: DirectTarget, key: str | Non
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     timeout = aiohttp.ClientTimeout(total=timeout_s)
+    proxy, proxy_auth = env_proxy(target.url)
     attempt, backoff = 0, None
     while True:
         try:
-            async with pool.session().post(target.url, json=body, headers=headers, timeout=timeout) as response:
+            async with pool.session().post(target.url, json=body, headers=headers, timeout=timeout, proxy=proxy,
+                                           proxy_auth=proxy_auth) as response:
                 data = await response.read()
             if response.status >= 400:
                 raise UpstreamStatusError(response.status, data.decode("utf-8", "replace"))
