@@ -18,8 +18,9 @@ With `dtype=torch.float32` it computes what the transformers model computes (log
 greedy ids match: tests/test_lean_llama.py). With bfloat16 a logprob moves by up to ~0.1 and a greedy
 choice between two nearly tied tokens can flip: bf16's precision, as when serving the model in bf16.
 
-It is a view of the model's weights at build time: after the weights change (an RL step), build it again
-(`LeanLlama(model, dtype)`; ~0.3 s for 135M parameters, a cast and two concatenations per layer)."""
+It holds the weights as they were when it was built (copies, or the model's own tensors where no cast or
+fusion was needed): after the weights change (an RL step), build it again (`LeanLlama(model, dtype)`;
+~0.3 s for 135M parameters, a cast and two concatenations per layer)."""
 
 from __future__ import annotations
 
