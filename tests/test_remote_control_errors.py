@@ -41,6 +41,7 @@ def resetting_server() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
         stop.set()
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         listener.close()
         thread.join(timeout=5)
 
