@@ -136,15 +136,16 @@ async def one_cycle(orch: AsyncOrchard, rng: random.Random, spec: dict[str, Any]
     return True
 
 
-async def run_workers(make_client: Callable[[], AsyncOrchard], spec: dict[str, Any], *, workers: int,
+async def run_workers(make_client: Callable[[], AsyncOrchard], specs: list[dict[str, Any]], *, workers: int,
                       cycles: int, stop_at: float, seed: int, tally: Tally,
                       hold_s: tuple[float, float] = (0.0, 0.0)) -> None:
-    """`workers` loops sharing a budget of `cycles` sandboxes (creates that failed, e.g. while the
+    """`workers` loops (worker i creates with `specs[i % len(specs)]`) sharing a budget of `cycles` sandboxes (creates that failed, e.g. while the
     orchestrator was down, do not spend it), until it is spent or `stop_at` (monotonic) passes."""
     left = [cycles]
 
     async def worker(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
+        spec = specs[index % len(specs)]
         async with make_client() as orch:
             while time.monotonic() < stop_at and left[0] > 0:
                 if await one_cycle(orch, rng, spec, tally, stop_at + 30, hold_s):

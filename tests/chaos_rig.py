@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -204,6 +205,7 @@ class Footprint(BaseModel):
     mounts: list[str] = []
     cgroups: list[str] = []
     dirs: list[str] = []
+    network: list[str] = []  # allowlist interfaces and nftables chains (local backend)
     records: list[str] = []  # store rows not finished (see FINISHED_STATES), quarantined ones pending
     pods: list[str] = []
     secrets: list[str] = []
@@ -279,8 +281,32 @@ def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
     if sandboxes.is_dir():
         found.dirs += [str(p) for p in sandboxes.iterdir()]
     found.dirs += sorted(d for d in run_dirs if os.path.lexists(d))
+    found.network = local_network_leftovers(keys)
     found.records = sorted(f"{sandbox_id}={state}" for sandbox_id, state in store_states(home).items()
                            if state not in FINISHED_STATES)
+    return found
+
+
+def local_network_leftovers(keys: set[str]) -> list[str]:
+    """Network allowlist state of the sandboxes `keys` still on the host: their veth interfaces (alias: the
+    key) and their nftables chains (comment: the key). See orchard/sandbox/backends/local_netns.py."""
+    from orchard.sandbox.backends import local_netns
+
+    found = []
+    sys_net = Path("/sys/class/net")
+    for name in sorted(os.listdir(sys_net)) if sys_net.is_dir() else []:
+        try:
+            alias = (sys_net / name / "ifalias").read_text().strip()
+        except OSError:
+            continue
+        if alias in keys:
+            found.append(f"interface {name} ({alias})")
+    if local_netns.unavailable_reason() is None:
+        listed = subprocess.run(["nft", "list", "table", "inet", local_netns.TABLE], capture_output=True,
+                                text=True)
+        for chain, key in re.findall(r'chain (\S+) \{\s*comment "([^"]+)"', listed.stdout):
+            if key in keys:
+                found.append(f"nftables chain {chain} ({key})")
     return found
 
 

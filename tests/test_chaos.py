@@ -90,7 +90,7 @@ async def _chaos(server: ChaosServer, kill_part: Callable[[random.Random], str |
                 next_kill = len(tally.seen_ids) + rng.randint(*kill_every_cycles)
 
 
-async def _run_chaos(server: ChaosServer, spec: dict, *, kill_part: Callable[[random.Random], str | None],
+async def _run_chaos(server: ChaosServer, specs: list[dict], *, kill_part: Callable[[random.Random], str | None],
                      footprint_of: Callable[[str], Footprint],
                      kill_every_cycles: tuple[int, int], hold_s: tuple[float, float] = (0.0, 0.0), count: Callable[[], int], sample_every_s: float,
                      crash_every_s: float, workers: int, cycles: int, seconds: float, seed: int) -> ChaosRun:
@@ -102,11 +102,11 @@ async def _run_chaos(server: ChaosServer, spec: dict, *, kill_part: Callable[[ra
     stop_at = started + seconds
     with Sampler(count, sample_every_s) as sampler:
         await asyncio.gather(
-            run_workers(lambda: AsyncOrchard(server.url, server.api_key, timeout=CLIENT_TIMEOUT_S), spec,
+            run_workers(lambda: AsyncOrchard(server.url, server.api_key, timeout=CLIENT_TIMEOUT_S), specs,
                         workers=workers, cycles=cycles, stop_at=stop_at, seed=seed, tally=tally, hold_s=hold_s),
             _chaos(server, kill_part, rng, stop_at, kills, crash_every_s, tally, kill_every_cycles))
         elapsed = time.monotonic() - started
-        survivor = await _create_survivor(server, spec)
+        survivor = await _create_survivor(server, specs[-1])
         seen = await asyncio.to_thread(footprint_of, survivor.id)  # the orphan checks see a live sandbox
         assert not seen.empty, f"the footprint of running sandbox {survivor.id} is empty"
         server.kill()
@@ -175,10 +175,14 @@ async def test_chaos_on_the_local_backend_leaves_nothing(tmp_path):
     # A created sandbox whose answer never reached its client (the orchestrator died first, and the
     # SDK's retries with the same idempotency key ran out) is reaped by its heartbeat timeout.
     spec = {"env": {MARK: mark}, "labels": {"chaos": mark}, "timeout_s": 600, "heartbeat_timeout_s": 10}
+    # Every second client's sandboxes (made cold: another template) have a network allowlist: a veth pair
+    # and nftables rules each, which must go with them however they die.
+    allowlisted = {**spec, "network": {"mode": "allowlist", "allow": ["192.0.2.7:443"]}}
     try:
         run = await _run_chaos(
-            server, spec, kill_part=lambda rng: _kill_in_local_sandbox(home, rng), kill_every_cycles=(1, 6),
-            footprint_of=lambda i: _must_show(local_footprint(home, mark, {i}), "processes", "cgroups", "dirs"),
+            server, [spec, allowlisted], kill_part=lambda rng: _kill_in_local_sandbox(home, rng), kill_every_cycles=(1, 6),
+            footprint_of=lambda i: _must_show(local_footprint(home, mark, {i}), "processes", "cgroups", "dirs",
+                                              "network"),
             # Directories exist from before anything of a sandbox runs until after all of it is gone.
             count=lambda: local_sandbox_count(home), sample_every_s=0.05,
             crash_every_s=_setting("CRASH_EVERY_S", ORCHESTRATOR_KILL_EVERY_S), workers=workers, cycles=cycles, seconds=seconds, seed=seed)
@@ -219,7 +223,7 @@ async def test_chaos_on_kubernetes_leaves_nothing(tmp_path):
             "heartbeat_timeout_s": 30, "network": {"mode": "allowlist", "allow": ["192.0.2.7:443"]}}
     try:
         run = await _run_chaos(
-            server, spec,
+            server, [spec],
             kill_part=lambda rng: "pod" if delete_random_pod(kubeconfig, namespace, instance, rng) else None,
             kill_every_cycles=(1, 4), hold_s=(0.5, 3.0),  # a Pod starts in seconds: hold it, or it is only
             # ever killed while starting
