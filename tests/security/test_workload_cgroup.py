@@ -71,9 +71,9 @@ async def test_the_workload_cannot_leave_its_cgroup_or_touch_the_agents(backend)
 
 @needs_root
 async def test_a_spawner_the_workload_kills_is_replaced(backend):
-    """The spawner shares the commands' uid, so the workload can kill it: the command then running has no
-    known exit status (reported as killed, saying why), and the next command starts a new spawner, still
-    in the workload's cgroup. The agent is untouched."""
+    """The spawner shares the commands' uid, so the workload can kill or stop it: the command then running
+    has no known exit status (reported as killed, saying why), and the next command starts a new spawner,
+    still in the workload's cgroup. The agent is untouched."""
     async with running(backend, SandboxSpec(memory_mb=96)) as (sb, agent):
         r = await agent.exec("pkill -KILL -x orchard-spawner; sleep 1; echo unseen")
         assert r.exit_code == 137 and "spawner was killed" in r.stderr, r
@@ -82,6 +82,12 @@ async def test_a_spawner_the_workload_kills_is_replaced(backend):
         assert leaf_of((await agent.exec("cat /proc/self/cgroup")).stdout) == {"workload"}
         s = await (await agent.shell("s")).run("cd /tmp && pwd")  # sessions start through it too
         assert s.output == "/tmp\n"
+        # Stopped instead: the command's end is seen on its pidfd, the spawner is killed and replaced.
+        r = await agent.exec("pkill -STOP -x orchard-spawner; echo unseen")
+        assert r.exit_code == 137 and "killed or stopped" in r.stderr, r
+        assert (await agent.exec("echo next")).stdout == "next\n"
+        r = await agent.exec("ps -o stat= -C orchard-spawner")
+        assert len(r.stdout.split()) == 1 and "T" not in r.stdout, r  # one, and not stopped
 
 
 @needs_root

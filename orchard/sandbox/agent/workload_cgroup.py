@@ -18,6 +18,8 @@ groups as before. A workload that fills its memory meets its own limit: the OOM 
 processes only, so the command gets SIGKILL (exit 137) and the agent answers on. The spawner shares the
 commands' uid, so the workload can kill it: the commands it started then have no known exit status
 (reported as killed, 137, with a line on stderr saying so), and the next command starts a new spawner.
+One the workload stopped (SIGSTOP) is killed and replaced the same way, once a command it started has
+ended (its pidfd) without its exit reported for STALL_S, or a request went unanswered for REPLY_TIMEOUT_S.
 
 Wherever this cannot work (no pid namespace of the workload's own, an agent under a uid of its own, a
 Python without os.pidfd_open, the move refused), the agent moves itself into `workload` before it runs
@@ -27,20 +29,24 @@ anything of the workload's: the limits hold exactly as before the split, and /he
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 from . import forkserver, pidns
 
 STATE = "none"  # "separate": commands start in `workload` through the spawner; "shared": the agent is in it
 WHY_SHARED = None
 LOST_RETURNCODE = -signal.SIGKILL
-LOST_NOTE = (b"orchard-agent: the command's spawner was killed (by the workload or the OOM killer) before "
-             b"the command ended, so its exit status is unknown; reported as killed\n")
+LOST_NOTE = (b"orchard-agent: the command's spawner was killed or stopped (by the workload or the OOM "
+             b"killer) before the command ended, so its exit status is unknown; reported as killed\n")
 REPLY_TIMEOUT_S = 10.0  # a spawner the workload stopped (SIGSTOP) is replaced after this
+STALL_S = 2.0  # a command ended this long ago without its exit reported: the spawner is stopped (replaced)
+STALL_CHECK_S = 0.5
 
 _procs_fds = []
 _lock = threading.Lock()  # one spawn at a time, and one spawner start
@@ -218,6 +224,12 @@ class _Spawner:
         if early is not None:
             proc._finish(early)
 
+    def stall(self):
+        sys.stderr.write("orchard-agent: the workload's spawner (pid %d) reports no exit of commands that have "
+                         "ended (stopped?); replacing it\n" % self.pid)
+        sys.stderr.flush()
+        self._kill()
+
     def _kill(self):
         """End this spawner (idempotent): the commands it started go on, orphans of its namespace's init."""
         self.alive = False
@@ -296,14 +308,17 @@ class WorkloadPopen(subprocess.Popen):
                    "restore_signals": bool(a["restore_signals"])}
         self._exited = threading.Event()
         self._status = None
+        self._pidfd_lock = threading.Lock()
         try:
             with _lock:
                 spawner = _ensure()
-                spawn_id, pidfd = spawner.spawn(message, fds)
+                spawn_id, self._pidfd = spawner.spawn(message, fds)
+                self._spawner = spawner
                 try:
-                    self.pid = _agent_pid(pidfd)
-                finally:
-                    os.close(pidfd)
+                    self.pid = _agent_pid(self._pidfd)
+                except OSError:
+                    self._close_pidfd()
+                    raise
                 self._child_created = True
                 spawner.register(spawn_id, self)
         finally:
@@ -315,14 +330,52 @@ class WorkloadPopen(subprocess.Popen):
         self._exited.set()
 
     def _internal_poll(self, *args, **kwargs):
-        if self.returncode is None and self._exited.is_set():
-            self.returncode = self._status
+        if self.returncode is None:
+            if self._exited.is_set():
+                self._done()
+            else:
+                self._check_stall()
         return self.returncode
 
     def _wait(self, timeout):
         if self.returncode is not None:
             return self.returncode
-        if not self._exited.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._exited.wait(STALL_CHECK_S if deadline is None
+                                    else max(min(STALL_CHECK_S, deadline - time.monotonic()), 0)):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._check_stall()
+        return self._done()
+
+    def _done(self):
         self.returncode = self._status
+        self._close_pidfd()
         return self.returncode
+
+    _pidfd = None
+    _exited_seen = None
+
+    def _check_stall(self):
+        """The command has ended (its pidfd is readable) but no exit status came for STALL_S: the spawner
+        is stopped or stuck (the workload can SIGSTOP it). It is killed, so every command it started is
+        reported as lost, instead of this wait lasting forever; the next command starts a new one."""
+        with self._pidfd_lock:
+            if self._pidfd is None or not select.select([self._pidfd], [], [], 0)[0]:
+                return
+        now = time.monotonic()
+        if self._exited_seen is None:
+            self._exited_seen = now
+        elif now - self._exited_seen >= STALL_S:
+            self._spawner.stall()
+
+    def _close_pidfd(self):
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+
+    def __del__(self):
+        if getattr(self, "_pidfd_lock", None) is not None:
+            self._close_pidfd()
+        super().__del__()
