@@ -13,14 +13,15 @@ pipe for its READY line and its log. The zygote forks; the child (`_enter`)
   - waits until the init blocks on that fd (its mounts complete), then joins its namespaces with setns:
     user first, then cgroup, ipc, uts, net, pid and mount (the root and working directory become the
     sandbox's), skipping any it shares with the host (network `open`);
-  - forks the agent into the pid namespace, answers with the agent's pid and exits.
+  - forks into the pid namespace a child that forks the agent and exits, so that the agent is adopted by
+    the namespace's init like an agent bwrap started; answers with the agent's pid and exits.
 The agent (`_become_agent`) then does what bwrap does before it runs a command: a new session, every
 capability dropped but those the agent needs to set itself up (the bounding set too), no_new_privs, the
 sandbox's environment and working directory, no descriptor but its own; and runs the agent's `main`
 with the module search path pointing at the bundle where the sandbox has it mounted (/.orchard).
 
-The zygote reads requests until the backend closes its end, then exits; agents it forked are reaped by
-it (a subreaper) while it lives, by the host's init after."""
+The zygote reads requests until the backend closes its end, then exits; it reaps its own children (a
+subreaper, in case any is orphaned); the agents are the sandboxes' own."""
 
 from __future__ import annotations
 
@@ -137,6 +138,8 @@ def _enter(request: dict, fds: list, control: socket.socket):
             resource.setrlimit(resource.RLIMIT_NPROC, (request["nproc"], request["nproc"]))
         init_pid = request["init_pid"]
         _wait_blocked(init_pid, request["block_fd"])
+        # The host's view of the init, kept open: after setns the mount namespace's /proc is the sandbox's.
+        init_task = os.open("/proc/%d/task/%d" % (init_pid, init_pid), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         libc, _ctypes = identity._libc(("setns",))
         targets = []
         for name in NAMESPACES:
@@ -149,23 +152,47 @@ def _enter(request: dict, fds: list, control: socket.socket):
             if libc["setns"](fd, 0) != 0:
                 raise EnterError("setns(%s): %s" % (name, os.strerror(_ctypes.get_errno())))
             os.close(fd)
-        pid = os.fork()  # the first process of ours in the sandbox's pid namespace
+        # Two forks: the first child is the first process of ours in the sandbox's pid namespace, and its
+        # parent (this one) is outside it; it forks the agent and exits, so the agent is adopted by the
+        # namespace's init (bwrap's), as an agent bwrap started is its child: the namespace's end never
+        # waits for a reaper outside it (the zygote, or the host's init once the zygote is gone).
+        pid = os.fork()
         if pid == 0:
+            code = 1
             try:
                 control.close()
-                code = _become_agent(request, fds)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 2
-            except BaseException as exc:
-                try:
-                    sys.stderr.write("orchard-agent: could not start in the sandbox: %s\n" % exc)
-                    sys.stderr.flush()
-                finally:
-                    code = 2
-            os._exit(code)
-        control.send(json.dumps({"agent_pid": pid}).encode())
+                os.close(init_task)
+                if os.fork() == 0:
+                    _run_agent(request, fds)  # never returns
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise EnterError("could not fork the agent in the sandbox (wait status %d)" % status)
+        children = os.open("children", os.O_RDONLY | os.O_CLOEXEC, dir_fd=init_task)
+        with os.fdopen(children) as f:
+            adopted = f.read().split()  # bwrap's init, blocked, has no child but the agent
+        if len(adopted) != 1:
+            raise EnterError("the sandbox's init has children %s, not just the agent" % adopted)
+        control.send(json.dumps({"agent_pid": int(adopted[0])}).encode())
     except BaseException as exc:
         control.send(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}).encode())
+
+
+def _run_agent(request: dict, fds: list):
+    """The agent's process: `_become_agent`, then exit with its status (never returns)."""
+    try:
+        code = _become_agent(request, fds)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 2
+    except BaseException as exc:
+        try:
+            sys.stderr.write("orchard-agent: could not start in the sandbox: %s\n" % exc)
+            sys.stderr.flush()
+        finally:
+            code = 2
+    os._exit(code)
 
 
 def _wait_blocked(init_pid: int, block_fd: int):
