@@ -156,7 +156,7 @@ async def test_kimi_cli_and_openhands_rollouts_replay_in_every_other_harness(age
     for source, names in [(kimi, ["ReadFile", "StrReplaceFile", "WriteFile", "WriteFile", "Shell"]),
                           (openhands, ["file_editor"] * 5 + ["terminal", "finish"])]:
         assert source.outcome.error is None and _names(source) == names and source.outcome.resolved
-    assert "\nand more\n" in kimi.outcome.details["patch"]
+    assert "+pages round up\n+and more\n" in kimi.outcome.details["patch"]  # written, then appended to
 
     to_react = await _replays_by_tools(agents_home, kimi, "react")
     assert _names(to_react) == ["view", "bash", "create", "bash", "bash", "submit"]
