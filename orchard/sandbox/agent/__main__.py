@@ -163,6 +163,7 @@ def main(argv=None):
         except (ValueError, OSError) as exc:
             _fail("cannot put the commands into the workload's cgroup (%s); the sandbox's limits would not "
                   "hold, so the agent refuses to serve" % exc)
+        workload_cgroup.start_soon()  # its fork and cgroup move overlap the rest of the start
     for name in SCRUBBED_ENV:
         os.environ.pop(name, None)
     workdir = os.path.abspath(workdir_arg or os.getcwd())
@@ -193,8 +194,6 @@ def main(argv=None):
     try:
         sys.stdout.write("READY %s\n" % server.address_text)
         sys.stdout.flush()
-        if cgroup_fds:
-            workload_cgroup.start_soon()
         server.serve_forever()
     except KeyboardInterrupt:
         pass
