@@ -189,10 +189,10 @@ class SandboxService:
             admitted = await self.admission.admit(record, idempotency_key=idempotency_key)
             if admitted.outcome == "admitted":
                 break
-            existing = await self._created_with_key(str(admitted.sandbox_id), idempotency_key)
+            existing = await self._created_with_key(str(admitted.sandbox_id), owner, str(idempotency_key))
             if existing is not None:
                 return existing
-            # That create failed (its record, and with it the key, is gone): this one takes the key.
+            # That create failed or was interrupted, and its key was freed: this one takes the key.
         admitted_at = time.monotonic()
         in_flight = self.creating[sandbox_id] = CreateInFlight()
         made: BackendSandbox | None = None
@@ -214,16 +214,34 @@ class SandboxService:
             self.creating.pop(sandbox_id, None)
             in_flight.ended.set()
 
-    async def _created_with_key(self, sandbox_id: str, key: str | None) -> SandboxInfo | None:
-        """The sandbox an earlier create with idempotency key `key` made, once ready; None when that create
-        failed (its record is gone), so that this one may create in its place."""
-        try:
-            return await self.wait_ready(sandbox_id, timeout=self.create_drain_timeout_s)
-        except SandboxNotFound:
-            return None
-        except SandboxLost as e:
-            raise SandboxLost(f"idempotency key {key!r} already created sandbox {sandbox_id}, which is gone: {e}; "
-                              "use a new key for a new sandbox") from e
+    async def _created_with_key(self, sandbox_id: str, owner: str, key: str) -> SandboxInfo | None:
+        """The sandbox an earlier create with idempotency key `key` made, once ready; None once the key no
+        longer names it (that create failed, or was interrupted and settled, before anyone got its sandbox),
+        so that this one may create in its place. A pool member whose claim is in flight (still `idle`) is
+        waited for: it is handed out only with the claim's fresh token."""
+        deadline = time.monotonic() + self.create_drain_timeout_s
+        while True:
+            if self.store.idempotency_target(owner, key) != sandbox_id:
+                return None
+            record = self.store.get(sandbox_id)
+            if record is None:
+                return None
+            info = record.info
+            claiming = info.pool is not None and info.pool.idle
+            if info.state == "ready" and not claiming:
+                return info
+            if info.state not in ("creating", "ready"):
+                raise SandboxLost(f"idempotency key {key!r} already created sandbox {sandbox_id}, which is gone: "
+                                  f"{gone_message(info)}; use a new key for a new sandbox")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BackendError(f"sandbox {sandbox_id} (idempotency key {key!r}) was not ready after "
+                                   f"{self.create_drain_timeout_s:g} s; retry later, or delete it and create "
+                                   "another with a new key")
+            if claiming:
+                await asyncio.sleep(min(0.02, remaining))
+            else:
+                await self._until_create_ends(sandbox_id, remaining)
 
     async def stats(self) -> CapsStats:
         """What counts against the caps now (see admission.py)."""
@@ -332,6 +350,7 @@ class SandboxService:
             log.error("cleaning up failed sandbox %s failed (will retry): %s", sandbox_id, e)
             record = self.store.get(sandbox_id)
             if record is not None:
+                self.store.free_idempotency_keys(sandbox_id)  # never handed out: a retry creates anew
                 record.info.state, record.info.token = "deleting", None
                 record.info.error, record.backend = f"its creation failed and cleanup failed: {e}", made
                 self.store.save(record)

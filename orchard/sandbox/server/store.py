@@ -171,6 +171,17 @@ class SandboxStore:
     def unbind_idempotency_key(self, owner: str, key: str, sandbox_id: str) -> None:
         self._write("DELETE FROM idempotency WHERE owner = ? AND key = ? AND sandbox_id = ?", (owner, key, sandbox_id))
 
+    def free_idempotency_keys(self, sandbox_id: str) -> int:
+        """Unbind every key naming `sandbox_id`, a create that never reached its caller (interrupted, or
+        failed), so that the caller's retry with its key creates anew; returns how many were bound."""
+        with self._lock:
+            return self._db.execute("DELETE FROM idempotency WHERE sandbox_id = ?", (sandbox_id,)).rowcount
+
+    def idempotency_target(self, owner: str, key: str) -> str | None:
+        """The sandbox an owner's idempotency key names now, or None when it names none."""
+        rows = self._read("SELECT sandbox_id FROM idempotency WHERE owner = ? AND key = ?", (owner, key))
+        return rows[0][0] if rows else None
+
     def count_by_owner(self, *, states: Iterable[str]) -> dict[str, int]:
         states = list(states)
         rows = self._read(f"SELECT owner, COUNT(*) FROM sandboxes WHERE state IN ({','.join('?' * len(states))}) "

@@ -98,6 +98,10 @@ async def _settle(service: "SandboxService", record: SandboxRecord, live: dict[s
     info = record.info
     try:
         if info.state in ("creating", "ready") and (info.state == "creating" or not adopt):
+            if info.state == "creating":
+                # Its caller never got it (a create answers once its record is ready): free its idempotency
+                # key before removing it, so that the caller's retry with that key creates anew.
+                service.store.free_idempotency_keys(info.id)
             if record.backend is None and info.id in live:
                 record.backend = live[info.id]
                 service.store.save(record)
