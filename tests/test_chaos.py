@@ -302,9 +302,6 @@ def test_docs_robustness_shows_real_settings_tests_and_output():
         assert issubclass(getattr(errors, kind), errors.OrchardError), line
 
 
-@pytest.mark.xfail(strict=True, reason="open bug (found by the chaos test): reconcile marks an interrupted "
-                   "create `deleted` but leaves its idempotency key bound, so the SDK's retry with its own key "
-                   "gets SandboxLost instead of a sandbox; remove this marker once the key is freed")
 async def test_a_create_interrupted_by_a_crash_frees_its_idempotency_key(tmp_path):
     """The remote SDK retries a create whose connection broke (the orchestrator died mid-create) with the
     same idempotency key. The interrupted create never made a sandbox anyone got, and the next orchestrator
