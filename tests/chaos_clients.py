@@ -38,6 +38,7 @@ class Tally:
     wrong_answers: list[str] = field(default_factory=list)
     seen_ids: set[str] = field(default_factory=set)
     create_s: list[float] = field(default_factory=list)  # successful creates, end to end
+    slowest_create: tuple[float, str] = (0.0, "")  # seconds, sandbox id
 
     def record(self, what: str, exc: BaseException) -> None:
         if isinstance(exc, Hang):
@@ -55,7 +56,7 @@ class Tally:
     def summary(self) -> str:
         times = sorted(self.create_s) or [0.0]
         lines = [f"cycles ok {self.cycles_ok}, failed {self.cycles_failed}, sandboxes {len(self.seen_ids)}; "
-                 f"create p50 {times[len(times) // 2]:.2f} s, max {times[-1]:.2f} s"]
+                 f"create p50 {times[len(times) // 2]:.2f} s, max {times[-1]:.2f} s ({self.slowest_create[1]})"]
         lines += [f"  {n:5d} x {kind}" for kind, n in self.errors.most_common()]
         return "\n".join(lines)
 
@@ -110,6 +111,7 @@ async def one_cycle(orch: AsyncOrchard, rng: random.Random, spec: dict[str, Any]
         return False
     tally.seen_ids.add(sandbox.id)
     tally.create_s.append(time.monotonic() - began)
+    tally.slowest_create = max(tally.slowest_create, (tally.create_s[-1], sandbox.id))
     ok = False
     try:
         word = f"w{rng.getrandbits(32):x}"

@@ -71,7 +71,8 @@ class ChaosServer:
     def log(self) -> Path:
         return self.home / "serve.log"
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
+        """Start it; with `wait`, until /healthz answers (after its reconciliation)."""
         assert self.process is None, "already running"
         with open(self.log, "ab") as log:
             log.write(f"\n=== start {self.starts + 1} ===\n".encode())
@@ -79,6 +80,8 @@ class ChaosServer:
             self.process = subprocess.Popen([sys.executable, "-c", SERVE, json.dumps(self.options)],
                                             cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.starts += 1
+        if not wait:
+            return
         began = time.monotonic()
         deadline = began + START_TIMEOUT_S
         while time.monotonic() < deadline:

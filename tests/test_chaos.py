@@ -71,8 +71,8 @@ async def _chaos(server: ChaosServer, kill_part: Callable[[random.Random], str |
                  kill_every_cycles: tuple[int, int]) -> None:
     """Until `stop_at`: `kill_part` (returns what it killed, or None) once every few sandboxes handed out (a
     number drawn from `kill_every_cycles`: paced by the clients' progress, so a slow machine gets as much
-    chaos per cycle as a fast one); every ~`crash_every_s` the orchestrator (SIGKILL, down for up to a second, then
-    started again)."""
+    chaos per cycle as a fast one); every ~`crash_every_s` the orchestrator (SIGKILL, down for up to a
+    second, then started again; 3 times in 10 killed once more while it starts)."""
     next_crash = time.monotonic() + crash_every_s * rng.uniform(0.3, 1.0)
     next_kill = rng.randint(*kill_every_cycles)
     while time.monotonic() < stop_at:
@@ -81,6 +81,11 @@ async def _chaos(server: ChaosServer, kill_part: Callable[[random.Random], str |
             await asyncio.to_thread(server.kill)
             kills["orchestrator"] += 1
             await asyncio.sleep(rng.uniform(0.0, 1.0))  # down a while: clients meet a closed port
+            if rng.random() < 0.3:  # killed again while it starts: mid-reconciliation, say
+                server.start(wait=False)
+                await asyncio.sleep(rng.uniform(0.2, 1.5))
+                await asyncio.to_thread(server.kill)
+                kills["orchestrator starting"] += 1
             await asyncio.to_thread(server.start)
             next_crash = time.monotonic() + crash_every_s * rng.uniform(0.5, 1.5)
         elif len(tally.seen_ids) >= next_kill:
@@ -296,7 +301,8 @@ def test_docs_robustness_shows_real_settings_tests_and_output():
     (_, output, _), = doc_blocks.of_kind(page, "chaos-output")
     first, tally, *kinds = output.strip().splitlines()
     assert first.startswith("chaos seed ") and " workers, kills {" in first
-    assert re.fullmatch(r"cycles ok \d+, failed \d+, sandboxes \d+; create p50 [\d.]+ s, max [\d.]+ s", tally)
+    assert re.fullmatch(r"cycles ok \d+, failed \d+, sandboxes \d+; create p50 [\d.]+ s, max [\d.]+ s \(sb-\w+\)",
+                        tally)
     for line in kinds:
         kind = re.fullmatch(r" +\d+ x (\w+): .+", line).group(1)
         assert issubclass(getattr(errors, kind), errors.OrchardError), line
