@@ -12,7 +12,8 @@ long queries. Here the same weights run with:
   share their key/value head without copies), causal SDPA for a prompt chunk;
 - the layers' weights in `dtype`: bfloat16 halves the bytes they cost per token and uses the CPU's bf16
   units (AMX, AVX512-BF16) for prompts, where plain float32 cannot; the residual stream, the norms, the
-  rotary embedding, the attention, the KV cache and the output projection (logits) stay float32.
+  rotary embedding, one-token attention, the KV cache and the output projection (logits) stay float32;
+  a prompt chunk's attention, most of its reading time, runs in `dtype` too.
 
 With `dtype=torch.float32` it computes what the transformers model computes (logprobs agree to ~1e-5,
 greedy ids match: tests/test_lean_llama.py). With bfloat16 a logprob moves by up to ~0.1 and a greedy
@@ -165,9 +166,11 @@ class LeanLlama:
             out = torch.bmm(torch.softmax(scores, dim=-1), values)  # [kv, group, d]
             out = out.reshape(1, self.heads * dim)
         else:
-            query = q.transpose(0, 1)[None]  # [1, heads, T, d]
-            out = F.scaled_dot_product_attention(query, keys[None], values[None], attn_mask=mask,
-                                                 is_causal=mask is None, scale=self.scale, enable_gqa=True)
+            # a prompt chunk's attention is most of its reading time: in the weights' dtype (AMX for bf16)
+            query = q.transpose(0, 1)[None].to(self.dtype)  # [1, heads, T, d]
+            out = F.scaled_dot_product_attention(query, keys[None].to(self.dtype), values[None].to(self.dtype),
+                                                 attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                                                 enable_gqa=True)
             out = out[0].transpose(0, 1).reshape(count, self.heads * dim)
         return _project(out.to(self.dtype), layer.o_proj).float()
 
