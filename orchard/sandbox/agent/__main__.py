@@ -163,7 +163,6 @@ def main(argv=None):
         except (ValueError, OSError) as exc:
             _fail("cannot put the commands into the workload's cgroup (%s); the sandbox's limits would not "
                   "hold, so the agent refuses to serve" % exc)
-        workload_cgroup.start_soon()  # its fork and cgroup move overlap the rest of the start
     for name in SCRUBBED_ENV:
         os.environ.pop(name, None)
     workdir = os.path.abspath(workdir_arg or os.getcwd())
@@ -194,6 +193,8 @@ def main(argv=None):
     try:
         sys.stdout.write("READY %s\n" % server.address_text)
         sys.stdout.flush()
+        if cgroup_fds:
+            workload_cgroup.start_soon()  # after READY: a fork now would slow the rest of the start
         server.serve_forever()
     except KeyboardInterrupt:
         pass
