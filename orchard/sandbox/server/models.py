@@ -25,6 +25,16 @@ class SandboxRecord(BaseModel):
     finished_at: float | None = Field(default=None, description="when it became deleted or lost")
 
 
+class Reowned(BaseModel):
+    """`SandboxStore.reown_within_cap`'s answer. `reowned`: the member is the new owner's now (counted
+    against its cap, its idempotency key bound to it); `gone`: no longer a ready member of the old owner;
+    `key_taken`: the key names `sandbox_id` already; `over_cap`: the new owner has `live` sandboxes, its cap."""
+
+    outcome: Literal["reowned", "gone", "key_taken", "over_cap"]
+    sandbox_id: str | None = None
+    live: int = 0
+
+
 class ServiceRecord(BaseModel):
     """A running orchestrator instance sharing the store. Several may (an `orchard serve` and scripts using
     the embedded SDK on the same home); each only manages its own sandboxes and takes over those of dead

@@ -38,6 +38,14 @@ MAINTENANCE_INTERVAL_S = 5.0   # how often idle members are checked (dead, too o
 STRAY_CHECK_INTERVAL_S = 60.0  # how often members taken over from a dead instance are looked for
 MAX_BACKOFF_S = 30.0           # after failed member starts, the next waits up to this long
 _KEY_TAKEN = "the idempotency key already names a sandbox"
+_OVER_CAP = "the owner is at its per-owner cap"
+
+
+def member_owner(pool_name: str) -> str:
+    """The owner of a pool's unclaimed members. A claim re-owns the member to its caller first (counted
+    against the caller's cap), then asks its agent for the fresh token: an `idle` member owned by anyone
+    else is a claim in flight, whose agent may hold a token no record has."""
+    return f"pool:{pool_name}"
 
 
 class _Pool:
@@ -84,7 +92,6 @@ class PoolManager:
         self._loop_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
-        self._owner_locks: dict[str, asyncio.Lock] = {}
         self._next_stray_check = 0.0
         self.configure(pools_of(pools), drain=False)
 
@@ -189,16 +196,6 @@ class PoolManager:
         key = template_key(spec)
         if why_not is None and self._stopping:
             why_not = "the orchestrator is stopping"
-        per_owner = self.service.admission.caps.max_sandboxes_per_owner
-        if why_not is None and pool.idle and per_owner is not None:
-            # A claim gives the owner one more sandbox: under a per-owner cap, claims of one owner go one at
-            # a time, and one over the cap takes the normal path (which waits for a place or says 429).
-            lock = self._owner_locks.setdefault(owner, asyncio.Lock())
-            async with lock:
-                mine = self.service.store.count_by_owner(states=self.service.admission.live_states).get(owner, 0)
-                if mine >= per_owner:
-                    return None, None
-                return await self._claim_from(pool, spec, owner, started, idempotency_key, key)
         return await self._claim_from(pool, spec, owner, started, idempotency_key, key, why_not)
 
     async def _claim_from(self, pool: _Pool, spec: SandboxSpec, owner: str, started: float,
@@ -213,8 +210,8 @@ class PoolManager:
                 return info, None
             if why_not is not None:  # the member is fine but cannot serve this spec: keep it
                 pool.idle.appendleft((sandbox_id, since))
-                if why_not == _KEY_TAKEN:
-                    return None, None
+                if why_not in (_KEY_TAKEN, _OVER_CAP):  # the normal create answers (the key's sandbox, or
+                    return None, None                   # it waits for a place under the cap, or says 429)
         if why_not is None:
             pool.misses += 1
             if pool.spec.on_demand and pool.target < pool.spec.size_cap:
@@ -238,20 +235,30 @@ class PoolManager:
         if record.info.expires_at < now + spec.timeout_s:
             return None, (f"timeout_s={spec.timeout_s:g} is longer than pool {pool.spec.name}'s members have left "
                           f"(member_timeout_s={pool.spec.member_timeout_s:g}): made cold")
-        if idempotency_key is not None:
-            # Bound before the claim, so that a retry of this create finds this sandbox, never claims another.
-            bound = store.bind_idempotency_key(owner, idempotency_key, spec_fingerprint(spec), sandbox_id)
-            if bound != sandbox_id:
-                return None, _KEY_TAKEN
+        # Re-owned (counted against the caller's per-owner cap, in the store, so that orchestrators sharing it
+        # cannot together exceed it) and bound to the key before the agent hears of the claim: a retry of
+        # this create finds this member and waits for the claim, never claims another.
+        admission = self.service.admission
+        pool_owner = record.info.owner
+        reowned = store.reown_within_cap(
+            sandbox_id, from_owner=pool_owner, to_owner=owner, live_states=admission.live_states,
+            max_per_owner=admission.caps.max_sandboxes_per_owner, idempotency_key=idempotency_key,
+            fingerprint=spec_fingerprint(spec) if idempotency_key is not None else None)
+        if reowned.outcome != "reowned":
+            return None, {"gone": None, "key_taken": _KEY_TAKEN, "over_cap": _OVER_CAP}[reowned.outcome]
         claim_started = time.monotonic()
         token = secrets.token_urlsafe(32)
         try:
             await claim_agent(record.backend.agent_url, record.info.token, token, spec.env)
-        except (OrchardError, OSError, asyncio.TimeoutError) as e:
+        except BaseException as e:
+            # Refused, failed, or this create was cancelled: the agent may hold either token now, so the
+            # member is never handed out; its key is freed (nobody got it) and the caller gets another
+            # member or a cold create.
+            store.release_claim(sandbox_id, owner=owner, pool_owner=pool_owner)
+            self._discard(pool, sandbox_id, f"deleted: a pool member whose claim failed: {e or type(e).__name__}")
+            if not isinstance(e, Exception):
+                raise
             log.warning("pool %s: member %s could not be claimed (%s); deleting it", pool.spec.name, sandbox_id, e)
-            if idempotency_key is not None:
-                store.unbind_idempotency_key(owner, idempotency_key, sandbox_id)
-            self._discard(pool, sandbox_id, f"deleted: a pool member whose agent refused the claim: {e}")
             return None, None
         done = time.monotonic()
         info = record.info
@@ -262,6 +269,7 @@ class PoolManager:
         info.startup = StartupTimings(pool_claim_ms=(done - claim_started) * 1000,
                                       total_ms=(done - started) * 1000)
         if not store.update_if_state(record, "ready"):  # deleted meanwhile (reaped as dead, another instance)
+            store.free_idempotency_keys(sandbox_id)  # nobody got it: a retry with the key creates anew
             return None, None
         return info, None  # the record was read for this claim alone: nothing else holds it
 
@@ -320,7 +328,7 @@ class PoolManager:
     async def _start_member(self, pool: _Pool) -> None:
         try:
             info = await self.service.create(
-                self.member_spec(pool), owner=f"pool:{pool.spec.name}",
+                self.member_spec(pool), owner=member_owner(pool.spec.name),
                 _pool_member=SandboxPoolInfo(name=pool.spec.name, template=pool.key, idle=True))
         except Exception as e:
             pool.failed += 1
@@ -383,7 +391,8 @@ class PoolManager:
         now_wall, now = time.time(), time.monotonic()
         for record in self.service.store.list(service_id=self.service.me.id, states=("ready",)):
             member = record.info.pool
-            if member is None or not member.idle or record.info.id in held or record.info.id in busy:
+            if (member is None or not member.idle or record.info.id in held or record.info.id in busy
+                    or record.info.owner != member_owner(member.name)):  # the last: a claim in flight
                 continue
             pool = self.pools.get(member.name)
             age = now_wall - record.info.created_at

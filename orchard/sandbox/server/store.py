@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Iterable
 
 from orchard.core.errors import BackendError
-from orchard.sandbox.server.models import Admitted, AdmissionRules, QuarantinedRow, SandboxRecord, ServiceRecord
+from orchard.sandbox.server.models import (Admitted, AdmissionRules, QuarantinedRow, Reowned, SandboxRecord,
+                                           ServiceRecord)
 
 log = logging.getLogger("orchard.sandbox.server")
 
@@ -159,17 +160,68 @@ class SandboxStore:
                              (info.owner, rules.idempotency_key, rules.fingerprint, info.id))
         return Admitted(outcome="admitted", sandbox_id=info.id, live=live + 1)
 
-    def bind_idempotency_key(self, owner: str, key: str, fingerprint: str, sandbox_id: str) -> str:
-        """Bind an owner's idempotency key to `sandbox_id` (a claimed pool member) unless it is bound
-        already; return the sandbox the key names now."""
+    def reown_within_cap(self, sandbox_id: str, *, from_owner: str, to_owner: str, live_states: Iterable[str],
+                         max_per_owner: int | None, idempotency_key: str | None = None,
+                         fingerprint: str | None = None) -> Reowned:
+        """Give a ready sandbox of `from_owner` (an idle pool member) to `to_owner` unless that takes
+        `to_owner` past `max_per_owner` live sandboxes, binding `idempotency_key` to it: one transaction
+        holding the write lock from the count to the update, so that orchestrators sharing the file cannot
+        together exceed the cap (as `admit`). Only the owner changes; the caller rewrites the rest."""
+        states = list(live_states)
         with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO idempotency (owner, key, fingerprint, sandbox_id) "
-                             "VALUES (?,?,?,?)", (owner, key, fingerprint, sandbox_id))
-            return self._db.execute("SELECT sandbox_id FROM idempotency WHERE owner = ? AND key = ?",
-                                    (owner, key)).fetchone()[0]
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                result = self._reown_locked(sandbox_id, from_owner, to_owner, states, max_per_owner,
+                                            idempotency_key, fingerprint)
+                self._db.execute("COMMIT" if result.outcome == "reowned" else "ROLLBACK")
+                return result
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
-    def unbind_idempotency_key(self, owner: str, key: str, sandbox_id: str) -> None:
-        self._write("DELETE FROM idempotency WHERE owner = ? AND key = ? AND sandbox_id = ?", (owner, key, sandbox_id))
+    def _reown_locked(self, sandbox_id: str, from_owner: str, to_owner: str, states: list[str],
+                      max_per_owner: int | None, key: str | None, fingerprint: str | None) -> Reowned:
+        row = self._db.execute("SELECT record FROM sandboxes WHERE id = ? AND state = 'ready' AND owner = ?",
+                               (sandbox_id, from_owner)).fetchone()
+        if row is None:
+            return Reowned(outcome="gone")
+        if key is not None:
+            bound = self._db.execute("SELECT sandbox_id FROM idempotency WHERE owner = ? AND key = ?",
+                                     (to_owner, key)).fetchone()
+            if bound is not None:
+                return Reowned(outcome="key_taken", sandbox_id=bound[0])
+        if max_per_owner is not None:
+            mine = self._db.execute(f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({','.join('?' * len(states))}) "
+                                    "AND owner = ?", [*states, to_owner]).fetchone()[0]
+            if mine >= max_per_owner:
+                return Reowned(outcome="over_cap", live=mine)
+        record = SandboxRecord.model_validate_json(row[0])
+        record.info.owner = to_owner
+        self._db.execute("UPDATE sandboxes SET owner = ?, record = ? WHERE id = ?",
+                         (to_owner, record.model_dump_json(), sandbox_id))
+        if key is not None:
+            self._db.execute("INSERT INTO idempotency (owner, key, fingerprint, sandbox_id) VALUES (?,?,?,?)",
+                             (to_owner, key, fingerprint, sandbox_id))
+        return Reowned(outcome="reowned", sandbox_id=sandbox_id)
+
+    def release_claim(self, sandbox_id: str, *, owner: str, pool_owner: str) -> None:
+        """Undo `reown_within_cap` for a claim that failed: the key is freed and the member, if still ready
+        and `owner`'s, is the pool's again (so it stops counting against `owner` while it is deleted)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM idempotency WHERE sandbox_id = ?", (sandbox_id,))
+                row = self._db.execute("SELECT record FROM sandboxes WHERE id = ? AND state = 'ready' AND owner = ?",
+                                       (sandbox_id, owner)).fetchone()
+                if row is not None:
+                    record = SandboxRecord.model_validate_json(row[0])
+                    record.info.owner = pool_owner
+                    self._db.execute("UPDATE sandboxes SET owner = ?, record = ? WHERE id = ?",
+                                     (pool_owner, record.model_dump_json(), sandbox_id))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def free_idempotency_keys(self, sandbox_id: str) -> int:
         """Unbind every key naming `sandbox_id`, a create that never reached its caller (interrupted, or
