@@ -1,12 +1,18 @@
 """Pool claims under races and failures, on real parts: the embedded service on the real local backend
-(members are real sandboxes, claims go through their real agents), and two services sharing one state
-database as replicas do."""
+(members are real sandboxes, claims go through their real agents), two services sharing one state
+database as replicas do, and a real orchestrator process killed with SIGKILL in the middle of a claim."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +26,9 @@ from orchard.sandbox.server.store import SandboxStore
 from tests.running_server import live_sandbox_ids
 from tests.test_caps import record
 from tests.test_pools import idle_members, until
+
+REPO = Path(__file__).resolve().parent.parent
+
 
 async def works(info: SandboxInfo) -> bool:
     async with AgentSandbox(info.id, info.agent_url, info.token) as sandbox:
@@ -110,6 +119,62 @@ def test_a_claim_the_agent_refuses_deletes_the_member_and_the_caller_gets_a_work
                                             for _ in range(4)))
             assert len({(i.id, i.token) for i in racing}) == 1 and racing[0].pool.claimed
             assert await works(racing[0])
+        finally:
+            await service.stop(delete_all=True)
+        assert await live_sandbox_ids(sandbox_home) == set()
+
+    asyncio.run(main())
+
+
+CLAIM_THEN_CRASH = textwrap.dedent("""
+    import asyncio, sys
+    from pathlib import Path
+    from orchard.core.pool import PoolSpec
+    from orchard.sandbox.server.pool_claim import claim_agent
+    from orchard.sandbox.server.service import ACTIVE_STATES, SandboxService
+
+    async def main():
+        service = SandboxService.embedded(Path(sys.argv[1]), pools=[PoolSpec(name="p", min_ready=1, max_size=1)],
+                                          ephemeral=False)
+        await service.start()
+        while service.pools.status()[0].idle < 1:
+            await asyncio.sleep(0.02)
+        member = service.store.list(states=("ready",))[0]
+        # What a claim does, up to its last step (the record's rewrite): re-own + key, then the agent.
+        service.store.reown_within_cap(member.info.id, from_owner="pool:p", to_owner="alice",
+                                       live_states=ACTIVE_STATES, max_per_owner=None, idempotency_key="k1",
+                                       fingerprint="f")
+        await claim_agent(member.backend.agent_url, member.info.token, "t" * 40, {})
+        print(member.info.id, flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_claim_interrupted_by_a_crash_is_deleted_and_its_key_freed(sandbox_home):
+    """An orchestrator killed mid-claim (member re-owned and its agent given a new token, record not yet
+    rewritten): the next one deletes that member rather than adopt it into the pool (its agent's token is
+    in no record), and frees the claim's idempotency key, so the caller's retry gets a working sandbox."""
+    process = subprocess.Popen([sys.executable, "-c", CLAIM_THEN_CRASH, str(sandbox_home)], stdout=subprocess.PIPE,
+                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        member = process.stdout.readline().decode().strip()
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert member.startswith("sb-")
+
+    async def main():
+        service = SandboxService.embedded(sandbox_home, pools=[PoolSpec(name="p", min_ready=1, max_size=1)],
+                                          ephemeral=False)
+        report = await service.start()
+        try:
+            assert member in report.orphans_removed
+            assert "claim was interrupted" in service.store.get(member).info.error
+            assert member not in await live_sandbox_ids(sandbox_home)
+            info = await service.create(SandboxSpec(), owner="alice", idempotency_key="k1")
+            assert info.id != member and await works(info)
         finally:
             await service.stop(delete_all=True)
         assert await live_sandbox_ids(sandbox_home) == set()

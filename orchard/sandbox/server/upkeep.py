@@ -20,6 +20,7 @@ from orchard.core.sandbox import SandboxInfo
 from orchard.core.backend import BackendSandbox
 from orchard.sandbox.server import instances
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
+from orchard.sandbox.server.pools import member_owner
 from orchard.sandbox.server.quarantine import clean_up_quarantined
 
 if TYPE_CHECKING:
@@ -96,8 +97,15 @@ async def _settle(service: "SandboxService", record: SandboxRecord, live: dict[s
     """Decide the fate of a sandbox whose instance died. `adopt` False: its sandboxes died with it (an
     embedded SDK's process), so whatever still runs is an orphan."""
     info = record.info
+    member = info.pool
     try:
-        if info.state in ("creating", "ready") and (info.state == "creating" or not adopt):
+        if info.state == "ready" and member is not None and member.idle and info.owner != member_owner(member.name):
+            # A pool claim the crash interrupted: its caller never got the sandbox (free its key, so that a
+            # retry creates anew), and its agent may hold a token no record has (so it is never handed out).
+            service.store.free_idempotency_keys(info.id)
+            await service.remove(info.id, "deleted: its pool claim was interrupted (the orchestrator exited)")
+            report.orphans_removed.append(info.id)
+        elif info.state in ("creating", "ready") and (info.state == "creating" or not adopt):
             if info.state == "creating":
                 # Its caller never got it (a create answers once its record is ready): free its idempotency
                 # key before removing it, so that the caller's retry with that key creates anew.
