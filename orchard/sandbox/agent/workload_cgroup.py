@@ -22,9 +22,11 @@ One the workload stopped (SIGSTOP) is killed and replaced the same way, once a c
 ended (its pidfd) without its exit reported for STALL_S, or a request went unanswered for REPLY_TIMEOUT_S.
 
 Wherever this cannot work (no pid namespace of the workload's own, an agent under a uid of its own, a
-Python without os.pidfd_open, the move refused), the agent moves itself into `workload` before it runs
-anything of the workload's: the limits hold exactly as before the split, and /health says
-`"workload_cgroup": "shared"`. Without the descriptors (no cgroups, not root) it says `"none"`."""
+Python without os.pidfd_open), the agent moves itself into `workload` before it runs anything of the
+workload's: the limits hold exactly as before the split, and /health says `"workload_cgroup": "shared"`.
+(If the agent itself cannot be moved, it refuses to serve.) Without the descriptors (no cgroups, not root)
+it says `"none"`. A spawner that cannot be started or moved later fails that command (500, saying why, no
+command runs outside `workload`); the next command tries again."""
 
 from __future__ import annotations
 
