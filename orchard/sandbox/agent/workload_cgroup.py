@@ -165,7 +165,8 @@ class _Spawner:
                 os.write(fd, b"%d" % self.pid)
         except OSError as exc:
             self._kill()
-            raise OSError(exc.errno, "moving it into the workload's cgroup: %s" % exc.strerror) from None
+            # A plain OSError (no errno subclass): a failure of the sandbox, never the command's "not found"
+            raise OSError("moving it into the workload's cgroup: %s" % exc.strerror) from None
         threading.Thread(target=self._read_events, name="spawner-events", daemon=True).start()
 
     def spawn(self, message: dict, fds: list):
