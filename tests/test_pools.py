@@ -244,7 +244,9 @@ def test_after_a_crash_members_are_adopted_into_their_pool_or_deleted(sandbox_ho
             sandbox_home, pools=[PoolSpec(name="p", min_ready=0, spec=SandboxSpec(memory_mb=256))], ephemeral=False)
         await service.start()
         try:
-            await until(lambda: not (members & set(idle_members(service))), what="the stale members' deletion")
+            # Deleted, not only out of the pool (a member is `deleting` while the backend removes it).
+            await until(lambda: all(service.store.get(m).info.state == "deleted" for m in members),
+                        what="the stale members' deletion")
             assert not (members & await live_sandbox_ids(sandbox_home))
         finally:
             await service.stop()
