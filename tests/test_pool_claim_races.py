@@ -109,6 +109,8 @@ def test_a_claim_the_agent_refuses_deletes_the_member_and_the_caller_gets_a_work
             service.store.save(stored)
             info = await service.create(SandboxSpec(), owner="dave", idempotency_key="k1")
             assert info.id != bad and not info.pool.claimed and await works(info)
+            assert f"members failed their claim and were deleted ({bad}: the agent answered 401" in \
+                info.pool.fallback_reason
             await until(lambda: service.store.get(bad).info.state == "deleted", what="the refused member's deletion")
             assert "claim failed" in service.store.get(bad).info.error
             assert (await service.create(SandboxSpec(), owner="dave", idempotency_key="k1")).id == info.id

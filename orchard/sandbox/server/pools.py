@@ -39,6 +39,7 @@ STRAY_CHECK_INTERVAL_S = 60.0  # how often members taken over from a dead instan
 MAX_BACKOFF_S = 30.0           # after failed member starts, the next waits up to this long
 _KEY_TAKEN = "the idempotency key already names a sandbox"
 _OVER_CAP = "the owner is at its per-owner cap"
+_CLAIM_FAILED = "claim failed: "  # + why; the member was deleted
 
 
 def member_owner(pool_name: str) -> str:
@@ -201,6 +202,7 @@ class PoolManager:
     async def _claim_from(self, pool: _Pool, spec: SandboxSpec, owner: str, started: float,
                           idempotency_key: str | None, key: str, why_not: str | None = None,
                           ) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
+        failed: list[str] = []
         while why_not is None and pool.idle:
             sandbox_id, since = pool.idle.popleft()
             self._poke()
@@ -208,6 +210,10 @@ class PoolManager:
             if info is not None:
                 pool.claims += 1
                 return info, None
+            if why_not is not None and why_not.startswith(_CLAIM_FAILED):  # deleted: try the next member
+                failed.append(f"{sandbox_id}: {why_not[len(_CLAIM_FAILED):]}")
+                why_not = None
+                continue
             if why_not is not None:  # the member is fine but cannot serve this spec: keep it
                 pool.idle.appendleft((sandbox_id, since))
                 if why_not in (_KEY_TAKEN, _OVER_CAP):  # the normal create answers (the key's sandbox, or
@@ -219,6 +225,9 @@ class PoolManager:
             self._poke()
             why_not = (f"pool {pool.spec.name} had no started member ({pool.starting} starting, at most "
                        f"{pool.spec.size_cap}): made cold")
+            if failed:
+                why_not = (f"pool {pool.spec.name}'s members failed their claim and were deleted ("
+                           f"{'; '.join(failed)[:500]}); no other was started: made cold")
         return None, SandboxPoolInfo(name=pool.spec.name, template=key, fallback_reason=why_not)
 
     async def _hand_out(self, pool: _Pool, sandbox_id: str, spec: SandboxSpec, owner: str, started: float,
@@ -259,7 +268,8 @@ class PoolManager:
             if not isinstance(e, Exception):
                 raise
             log.warning("pool %s: member %s could not be claimed (%s); deleting it", pool.spec.name, sandbox_id, e)
-            return None, None
+            pool.last_error = f"claiming member {sandbox_id} failed: {e}"
+            return None, f"{_CLAIM_FAILED}{e}"
         done = time.monotonic()
         info = record.info
         info.token, info.spec, info.owner = token, spec, owner
