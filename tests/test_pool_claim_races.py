@@ -182,3 +182,16 @@ def test_a_claim_interrupted_by_a_crash_is_deleted_and_its_key_freed(sandbox_hom
         assert await live_sandbox_ids(sandbox_home) == set()
 
     asyncio.run(main())
+
+
+def test_pools_the_caps_would_never_let_fill_are_refused_up_front(sandbox_home):
+    """Members count against the caps (as the owner `pool:NAME` under the per-owner cap): a pool that could
+    never reach min_ready is refused with what to change, rather than refilling into 429s forever."""
+    from orchard.core.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="pool p: min_ready=3 is over max_sandboxes_per_owner=2"):
+        SandboxService.embedded(sandbox_home, pools=[PoolSpec(name="p", min_ready=3)],
+                                caps=CreateCaps(max_sandboxes_per_owner=2))
+    with pytest.raises(InvalidRequest, match="min_ready add up to 5, over max_sandboxes=4"):
+        SandboxService.embedded(sandbox_home, caps=CreateCaps(max_sandboxes=4), pools=[
+            PoolSpec(name="a", min_ready=3), PoolSpec(name="b", min_ready=2, spec=SandboxSpec(workdir="/w"))])

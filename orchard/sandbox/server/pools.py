@@ -109,6 +109,7 @@ class PoolManager:
                 self.service.limits.check(member)
             except InvalidRequest as e:
                 raise InvalidRequest(f"pool {spec.name}: {e}") from None
+        self._check_caps(specs)
         new: dict[str, _Pool] = {}
         for spec in specs:
             old = self.pools.get(spec.name)
@@ -126,6 +127,21 @@ class PoolManager:
                     self._discard(pool, pool.idle.popleft()[0], f"deleted: pool {pool.spec.name}'s template "
                                   "changed or the pool was removed; its members are never handed out")
         self._poke()
+
+    def _check_caps(self, specs: list[PoolSpec]) -> None:
+        """Refuse pools the caps would never let fill: their refill would wait for a place and fail forever."""
+        caps = self.service.admission.caps
+        per_owner, total = caps.max_sandboxes_per_owner, caps.max_sandboxes
+        for spec in specs:
+            if per_owner is not None and spec.min_ready > per_owner:
+                raise InvalidRequest(
+                    f"pool {spec.name}: min_ready={spec.min_ready} is over max_sandboxes_per_owner={per_owner}, and "
+                    f"its members count as the owner {member_owner(spec.name)!r}, so it could never fill; lower "
+                    "min_ready or raise the cap")
+        ready = sum(spec.min_ready for spec in specs)
+        if total is not None and ready > total:
+            raise InvalidRequest(f"the pools' min_ready add up to {ready}, over max_sandboxes={total} (members count "
+                                 "against it), so they could never fill; lower min_ready or raise the cap")
 
     def status(self) -> list[PoolStatus]:
         return [p.status() for p in self.pools.values()]
