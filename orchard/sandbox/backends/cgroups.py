@@ -302,11 +302,15 @@ def existing_groups(name: str) -> list[str]:
         return []
 
 
-def remove_abandoned_groups(in_use: Callable[[], set[str]]) -> list[str]:
-    """rmdir empty sandbox groups whose name is not `in_use()` (their sandbox's state was deleted under
-    them, so no delete will ever come). The kernel refuses to remove a group that has processes. `in_use` is
-    asked after the groups are listed, so a group made meanwhile by a create (whose name is in use before its
-    group exists) is never taken for abandoned."""
+def remove_abandoned_groups(in_use: Callable[[], set[str]], prefix: str) -> list[str]:
+    """rmdir empty sandbox groups whose name starts with `prefix` (the caller's own: other orchestrators'
+    groups share the parent) and is not `in_use()` (their sandbox's state was deleted under them, so no
+    delete will ever come). The kernel refuses to remove a group that has processes. `in_use` is asked after
+    the groups are listed, so a group made meanwhile by a create (whose name is in use before its group
+    exists) is never taken for abandoned."""
+    if not prefix:
+        raise ValueError("remove_abandoned_groups needs the caller's own prefix: without one it would take "
+                         "the empty groups of other orchestrators' creates in progress")
     removed = []
     try:
         parents = {group.parent for group, _, _ in placements("probe")}
@@ -314,9 +318,13 @@ def remove_abandoned_groups(in_use: Callable[[], set[str]]) -> list[str]:
         return removed
     candidates = []
     for parent in parents:
-        if parent.is_dir():
-            candidates += [group for group in parent.iterdir()
-                           if group.is_dir() and not cgroup_pids([str(g) for g in _with_leaves(group)])]
+        try:
+            names = os.listdir(parent)
+        except FileNotFoundError:
+            continue  # no sandbox here (or the last one's delete just removed the parent)
+        candidates += [group for group in map(parent.joinpath, names)
+                       if group.name.startswith(prefix) and group.is_dir()
+                       and not cgroup_pids([str(g) for g in _with_leaves(group)])]
     names = in_use()
     for group in candidates:
         if group.name not in names:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -110,8 +111,23 @@ class LocalBackend:
 
     # ---- paths ---------------------------------------------------------------------------------------
 
+    @functools.cached_property
+    def owner(self) -> str:
+        """8 hex of (root_dir, run_dir), the start of every key (`<owner>-`): the sweep for abandoned cgroups
+        takes only groups named so, never those of another backend on this machine (another home, another
+        orchestrator), whose creates in progress it cannot see."""
+        where = f"{self.root_dir.resolve()}\0{self.run_base.resolve()}"
+        return hashlib.sha256(where.encode()).hexdigest()[:8]
+
     def _key(self, sandbox_id: str) -> str:
-        """Short, unique per (root_dir, id): names the run dir and the cgroups."""
+        """Short, unique per (root_dir, run_dir, id): names the run dir, the cgroups and the allowlist's
+        interface."""
+        sandbox = hashlib.sha256(f"{self.root_dir.resolve()}\0{sandbox_id}".encode()).hexdigest()[:16]
+        return f"{self.owner}-{sandbox}"
+
+    def _legacy_key(self, sandbox_id: str) -> str:
+        """The key before it named its owner: a sandbox made by an earlier version and interrupted before
+        it recorded its cgroups has them under this name."""
         return hashlib.sha256(f"{self.root_dir.resolve()}\0{sandbox_id}".encode()).hexdigest()[:20]
 
     def _paths(self, sandbox_id: str) -> SandboxPaths:
@@ -419,7 +435,8 @@ class LocalBackend:
         if monitor_alive:
             _wait_gone(handle.pid, handle.pid_start, proc, timeout=5.0)
         # A create killed before it recorded its groups left them unrecorded: they are found by name.
-        left = cgroups.kill_and_remove(handle.cgroups or cgroups.existing_groups(self._key(sandbox_id)))
+        left = cgroups.kill_and_remove(handle.cgroups or cgroups.existing_groups(self._key(sandbox_id))
+                                       or cgroups.existing_groups(self._legacy_key(sandbox_id)))
         if proc is not None and proc.returncode is None:
             proc.wait()
         network_error = None
@@ -480,12 +497,13 @@ class LocalBackend:
             else:
                 log.info("removing leftovers of dead local sandbox %s", record.id)
                 await asyncio.to_thread(self._destroy, record.id, h)
-        # Groups of sandboxes whose dirs were removed under them (a run dir exists from before a
-        # sandbox's cgroups are made until after they are removed).
+        # Groups of this backend's sandboxes whose dirs were removed under them (a run dir exists from
+        # before a sandbox's cgroups are made until after they are removed). Only groups named by this
+        # backend's keys: another backend's create in progress has its run dir elsewhere.
         def in_use() -> set[str]:  # read after the groups are listed: a create makes its run dir first
             return set(os.listdir(self.run_base)) if self.run_base.is_dir() else set()
 
-        for group in await asyncio.to_thread(cgroups.remove_abandoned_groups, in_use):
+        for group in await asyncio.to_thread(cgroups.remove_abandoned_groups, in_use, f"{self.owner}-"):
             log.info("removed abandoned cgroup %s", group)
         for slot in await asyncio.to_thread(local_netns.clean_orphans):
             log.info("removed the allowlist rules of dead sandbox slot %d", slot)
