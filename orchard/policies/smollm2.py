@@ -118,13 +118,14 @@ def generation_threads() -> int:
 
 
 class EngineSettings(BaseModel):
-    """How smollm2 generates: `lean` (lean_llama.py, default) or `transformers` (the transformers model, float32,
-    generate's exact numbers); the lean engine's `dtype`, by default bfloat16 where the CPU has native bf16
+    """How smollm2 generates: `lean` (lean_llama.py, default), `transformers` (the transformers model, float32,
+    generate's exact numbers) or `llama_cpp` (llama-server on the Q4_1 GGUF, llama_cpp_engine.py; inference
+    only, its logprobs are the quantized model's); the lean engine's `dtype`, by default bfloat16 where the CPU has native bf16
     (AVX512-BF16 or AMX), else float32."""
 
     model_config = ConfigDict(extra="forbid")
 
-    engine: Literal["lean", "transformers"] = "lean"
+    engine: Literal["lean", "transformers", "llama_cpp"] = "lean"
     dtype: Literal["bfloat16", "float32"] | None = None
 
     @classmethod
@@ -135,7 +136,8 @@ class EngineSettings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise ModelError(f"smollm2's engine settings are invalid ({first_problem(exc.errors(), 'environment')}): "
-                             "ORCHARD_SMOLLM2_ENGINE is lean or transformers, ORCHARD_SMOLLM2_DTYPE bfloat16 or "
+                             "ORCHARD_SMOLLM2_ENGINE is lean, transformers or llama_cpp, "
+                             "ORCHARD_SMOLLM2_DTYPE bfloat16 or "
                              "float32") from None
 
     def lean_dtype(self, torch: Any) -> Any:
@@ -175,6 +177,9 @@ class SmolLM2:
 
             with torch.inference_mode():
                 self.engine = LeanLlama(self.model, self.settings.lean_dtype(torch))
+        self.llama_server: Any = None
+        if self.settings.engine == "llama_cpp":
+            self.llama_server = _start_llama_server(gguf, self.context_length)
         self.load_seconds = time.perf_counter() - started
         self._lock = threading.Lock()
 
@@ -219,6 +224,8 @@ class SmolLM2:
         transformers model, `self.model`) and `prefix_cache` (none unless given: a cache holds one engine's states)."""
         import transformers
 
+        if engine is None and self.llama_server is not None:
+            return self._generate_llama_cpp(prompt, sampling, max_new_tokens, timeout_s)
         if engine is None:
             engine, prefix_cache = self.engine, self.prefix_cache
 
@@ -236,6 +243,18 @@ class SmolLM2:
         if result.expired:
             raise ModelUnreachable(f"smollm2 did not finish within {timeout_s:g} s (prompt of {len(prompt)} tokens); "
                                    "raise the gateway's timeout_s or ask for fewer max_tokens")
+        decode_text = self.tokenizer.decode
+        logprobs = [TokenLogprob(token_id=token, text=decode_text([token]), logprob=logprob,
+                                 top=[(decode_text([i]), v) for i, v in top])
+                    for token, logprob, top in zip(result.ids, result.logprobs, result.top)]
+        return result.ids, logprobs, result.hit_limit
+
+    def _generate_llama_cpp(self, prompt: list[int], sampling: SamplingRequest, max_new_tokens: int,
+                            timeout_s: float | None) -> tuple[list[int], list[TokenLogprob], bool]:
+        result = self.llama_server.complete(
+            prompt, max_new_tokens=max_new_tokens, temperature=sampling.temperature if sampling.sampled else None,
+            top_k=SAMPLING_TOP_K, top_p=sampling.top_p if sampling.sampled else None, seed=sampling.seed,
+            top_logprobs=sampling.top_logprobs, stop=sampling.stop, timeout_s=timeout_s)
         decode_text = self.tokenizer.decode
         logprobs = [TokenLogprob(token_id=token, text=decode_text([token]), logprob=logprob,
                                  top=[(decode_text([i]), v) for i, v in top])
@@ -306,6 +325,17 @@ def _torch_threads(torch, threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _start_llama_server(gguf: Path, context: int) -> Any:
+    """llama-server on `gguf`, its runtime built first if needed (a progress line on stderr)."""
+    import sys
+
+    from orchard.policies.llama_cpp_engine import LlamaServer
+    from orchard.policies.llama_cpp_runtime import ensure_runtime
+
+    runtime = ensure_runtime(progress=lambda line: print(f"smollm2: {line}", file=sys.stderr, flush=True))
+    return LlamaServer(runtime, gguf, threads=generation_threads(), context=context)
 
 
 def _load(transformers: Any, torch: Any, gguf: Path) -> tuple[Any, Any]:
