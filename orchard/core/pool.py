@@ -131,6 +131,8 @@ class PoolStatus(BaseModel):
     started: int = Field(description="members started since the orchestrator started")
     failed: int = Field(description="member starts that failed")
     drained: int = Field(description="members removed unclaimed (template changed, idle too long, stopped)")
+    evicted: int = Field(default=0, description="idle members deleted to make room for creates of other templates "
+                                                "waiting at the server's max_sandboxes")
     last_error: str | None = None
 
 

@@ -11,7 +11,12 @@ share the store, so concurrent creates cannot overshoot; a crashed orchestrator'
 until their records are settled.
 
 Over a cap a create waits up to `wait_s` for a place (polling the store, since the place may be freed by
-another instance), then fails with `CapacityExceeded` (HTTP 429) naming the cap, the count and what to do."""
+another instance), then fails with `CapacityExceeded` (HTTP 429) naming the cap, the count and what to do.
+
+Warm-pool members never starve other creates: a create waiting at the server cap is recorded in the store
+(`waiting_creates`, seen by every instance sharing it); while any is, idle members are evicted for it
+(`relieve`, i.e. `PoolManager.relieve`, and every instance's pool loop) and member starts are refused, so the
+place an eviction frees goes to the waiting create. The place counts until the backend deleted the member."""
 
 from __future__ import annotations
 
@@ -60,7 +65,13 @@ class CapsStats(BaseModel):
 
     live: int = Field(description="sandboxes counting against the caps: creating, ready or being deleted")
     by_owner: dict[str, int] = Field(description="live sandboxes per owner")
-    waiting: int = Field(description="creates of this instance waiting for a place under a cap")
+    waiting: int = Field(description="creates of this instance waiting for a place under a cap (member starts "
+                                     "included)")
+    waiting_at_server_cap: int = Field(default=0, description="creates waiting for a place under max_sandboxes, "
+                                       "on every instance sharing the store (member starts excluded): idle pool "
+                                       "members are evicted for them and member starts wait")
+    pool_members: int = Field(default=0, description="live sandboxes that are unclaimed warm-pool members (idle, "
+                                                     "starting or being evicted)")
     caps: CreateCaps
 
 
@@ -75,8 +86,9 @@ class Admission:
     says when the orchestrator is stopping: a waiting create then gives up instead of using a closed store."""
 
     def __init__(self, store: SandboxStore, caps: CreateCaps | None, live_states: tuple[str, ...], *,
-                 closing: Callable[[], bool] = lambda: False) -> None:
+                 closing: Callable[[], bool] = lambda: False, relieve: Callable[[], None] = lambda: None) -> None:
         self.store = store
+        self.relieve = relieve
         self.caps = caps or CreateCaps()
         self.live_states = live_states
         self.closing = closing
@@ -90,14 +102,16 @@ class Admission:
         if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_CHARS:
             raise InvalidRequest(f"an idempotency key must have 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
         caps = self.caps
+        member = record.info.pool is not None and record.info.pool.idle  # a pool member's start
         rules = AdmissionRules(
             live_states=self.live_states, max_sandboxes=caps.max_sandboxes,
             max_per_owner=caps.max_sandboxes_per_owner, rate_per_s=caps.max_creates_per_s, rate_burst=caps.burst,
             idempotency_key=idempotency_key,
-            fingerprint=spec_fingerprint(record.info.spec) if idempotency_key is not None else None)
+            fingerprint=spec_fingerprint(record.info.spec) if idempotency_key is not None else None,
+            yield_to_waiting=member)
         started = time.monotonic()
         deadline = started + caps.wait_s
-        waiting = False
+        waiting = at_server_cap = False
         try:
             while True:
                 if self.closing():  # checked right before the insert: nothing awaits in between
@@ -111,6 +125,14 @@ class Admission:
                         f"{result.sandbox_id} with a different spec; use a new key for a new sandbox (a key "
                         "is freed when its sandbox's record expires)")
                 remaining = deadline - time.monotonic()
+                if not member and (result.cap == "server") != at_server_cap and remaining > 0:
+                    at_server_cap = result.cap == "server"
+                    if at_server_cap:  # seen by every instance: member starts wait, idle members are evicted
+                        self.store.set_waiting(record.info.id, time.time() + remaining)
+                    else:
+                        self.store.clear_waiting(record.info.id)
+                if at_server_cap:
+                    self.relieve()
                 if remaining <= 0:
                     raise CapacityExceeded(self._refusal(result, record.info.owner, time.monotonic() - started),
                                            retry_after_s=result.retry_after_s)
@@ -121,10 +143,18 @@ class Admission:
         finally:
             if waiting:
                 self.waiting -= 1
+            if at_server_cap:
+                try:
+                    self.store.clear_waiting(record.info.id)
+                except Exception:  # the store closed (stopping): the row expires at its deadline anyway
+                    pass
 
     def stats(self) -> CapsStats:
         by_owner = self.store.count_by_owner(states=self.live_states)
-        return CapsStats(live=sum(by_owner.values()), by_owner=by_owner, waiting=self.waiting, caps=self.caps)
+        members = sum(n for owner, n in by_owner.items() if owner.startswith("pool:"))
+        return CapsStats(live=sum(by_owner.values()), by_owner=by_owner, waiting=self.waiting,
+                         waiting_at_server_cap=self.store.waiting_count(time.time()), pool_members=members,
+                         caps=self.caps)
 
     def _refusal(self, result: Admitted, owner: str, waited_s: float) -> str:
         caps = self.caps
@@ -132,9 +162,17 @@ class Admission:
             "wait_s is 0, so it did not wait"
         cap: Literal["server", "owner", "rate"] | None = result.cap
         if cap == "server":
-            return (f"the orchestrator is at its cap of {caps.max_sandboxes} live sandboxes ({result.live} now, "
-                    f"counting those being created or deleted); the create {waited}. Delete sandboxes you no "
-                    "longer need, retry later, or raise max_sandboxes (orchard serve --max-sandboxes)")
+            in_use = result.live - result.pool_members
+            members = ""
+            if result.pool_members:
+                members = (f", and {result.pool_members} unclaimed warm-pool member"
+                           f"{'s' if result.pool_members != 1 else ''} (idle, starting or being evicted: idle ones "
+                           "are evicted for waiting creates, none freed a place in time; lower the pools' "
+                           "min_ready and max_size to leave room)")
+            return (f"the orchestrator is at its cap of {caps.max_sandboxes} live sandboxes ({result.live} now: "
+                    f"{in_use} in use, counting those being created or deleted{members}); the create {waited}. "
+                    "Delete sandboxes you no longer need, retry later, or raise max_sandboxes "
+                    "(orchard serve --max-sandboxes)")
         if cap == "owner":
             return (f"owner {owner!r} is at its cap of {caps.max_sandboxes_per_owner} live sandboxes "
                     f"({result.live} now); the create {waited}. Delete some of your sandboxes, retry later, or "

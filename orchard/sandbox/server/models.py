@@ -92,15 +92,20 @@ class AdmissionRules(BaseModel):
     rate_burst: float = 1.0
     idempotency_key: str | None = None
     fingerprint: str | None = Field(default=None, description="the spec's hash, with an idempotency key")
+    yield_to_waiting: bool = Field(default=False, description="refused while any create waits for a place under "
+                                                              "the server cap (a pool member's start)")
 
 
 class Admitted(BaseModel):
     """`SandboxStore.admit`'s answer. `admitted`: the record is in; `existing`: the idempotency key's sandbox
     (`sandbox_id`) answers instead; `conflict`: the key was used with another spec; `full`: `cap` (server,
-    owner or rate) refused it, `live` sandboxes counting against it, `retry_after_s` for the rate."""
+    owner or rate) refused it (server also: a pool member's start while creates wait), `live` sandboxes counting
+    against it, `retry_after_s` for the rate."""
 
     outcome: Literal["admitted", "existing", "conflict", "full"]
     sandbox_id: str | None = None
     cap: Literal["server", "owner", "rate"] | None = None
     live: int = 0
+    pool_members: int = Field(default=0, description="with cap server: how many of `live` are unclaimed pool "
+                                                     "members (idle, starting or being evicted)")
     retry_after_s: float | None = None

@@ -10,6 +10,9 @@ the store like any sandbox (marked `info.pool.idle`), which is how a restarted o
 - Members are refilled in the background up to the pool's target (`min_ready`, raised by misses when
   `on_demand`), never more than `max_size` at once, at most `refill_parallel` starting and `refill_per_s`
   starts a second. Members idle over `max_idle_s` are replaced.
+- Members never starve other creates at the server cap: while a create waits there (on any instance sharing
+  the store), idle members are evicted for it (`relieve`) and member starts wait (admission.py).
+- The claim itself is pool_claim.py.
 - A pool whose template changed (reconfigured, or found after a restart) never hands out its old members:
   they are deleted. Stopping the service deletes every idle member; after a crash, the next instance
   adopts them into the pool of the same name and template, or deletes them."""
@@ -18,16 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
-from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.core.errors import InvalidRequest
 from orchard.core.pool import PoolSpec, PoolStatus, PoolsConfig, template_differences, template_key
-from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec, StartupTimings
-from orchard.sandbox.server.admission import spec_fingerprint
-from orchard.sandbox.server.pool_claim import claim_agent
+from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec
+from orchard.sandbox.server.pool_claim import claim_from
 
 if TYPE_CHECKING:
     from orchard.sandbox.server.service import SandboxService
@@ -35,11 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("orchard.sandbox.server.pools")
 
 MAINTENANCE_INTERVAL_S = 5.0   # how often idle members are checked (dead, too old) and strays adopted
+EVICT_CHECK_INTERVAL_S = 0.25  # how often idle members look for creates waiting at the cap on other instances
 STRAY_CHECK_INTERVAL_S = 60.0  # how often members taken over from a dead instance are looked for
 MAX_BACKOFF_S = 30.0           # after failed member starts, the next waits up to this long
-_KEY_TAKEN = "the idempotency key already names a sandbox"
-_OVER_CAP = "the owner is at its per-owner cap"
-_CLAIM_FAILED = "claim failed: "  # + why; the member was deleted
 
 
 def member_owner(pool_name: str) -> str:
@@ -58,7 +57,7 @@ class _Pool:
         self.idle: deque[tuple[str, float]] = deque()
         self.starting = 0
         self.target = spec.min_ready
-        self.claims = self.misses = self.started = self.failed = self.drained = 0
+        self.claims = self.misses = self.started = self.failed = self.drained = self.evicted = 0
         self.failures_in_a_row = 0
         self.next_start = 0.0
         self.last_error: str | None = None
@@ -68,7 +67,8 @@ class _Pool:
         return PoolStatus(name=self.spec.name, template=self.key, min_ready=self.spec.min_ready,
                           max_size=self.spec.size_cap, target=self.target, idle=len(self.idle),
                           starting=self.starting, claims=self.claims, misses=self.misses, started=self.started,
-                          failed=self.failed, drained=self.drained, last_error=self.last_error)
+                          failed=self.failed, drained=self.drained, evicted=self.evicted,
+                          last_error=self.last_error)
 
 
 def pools_of(pools: PoolsConfig | Iterable[PoolSpec] | PoolSpec | None) -> list[PoolSpec]:
@@ -124,9 +124,9 @@ class PoolManager:
             pool.retired = True
             if drain:
                 while pool.idle:
-                    self._discard(pool, pool.idle.popleft()[0], f"deleted: pool {pool.spec.name}'s template "
+                    self.discard(pool, pool.idle.popleft()[0], f"deleted: pool {pool.spec.name}'s template "
                                   "changed or the pool was removed; its members are never handed out")
-        self._poke()
+        self.poke()
 
     def _check_caps(self, specs: list[PoolSpec]) -> None:
         """Refuse pools the caps would never let fill: their refill would wait for a place and fail forever."""
@@ -213,95 +213,46 @@ class PoolManager:
         key = template_key(spec)
         if why_not is None and self._stopping:
             why_not = "the orchestrator is stopping"
-        return await self._claim_from(pool, spec, owner, started, idempotency_key, key, why_not)
+        return await claim_from(self, pool, spec, owner, started, idempotency_key, key, why_not)
 
-    async def _claim_from(self, pool: _Pool, spec: SandboxSpec, owner: str, started: float,
-                          idempotency_key: str | None, key: str, why_not: str | None = None,
-                          ) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
-        failed: list[str] = []
-        while why_not is None and pool.idle:
-            sandbox_id, since = pool.idle.popleft()
-            self._poke()
-            info, why_not = await self._hand_out(pool, sandbox_id, spec, owner, started, idempotency_key)
-            if info is not None:
-                pool.claims += 1
-                return info, None
-            if why_not is not None and why_not.startswith(_CLAIM_FAILED):  # deleted: try the next member
-                failed.append(f"{sandbox_id}: {why_not[len(_CLAIM_FAILED):]}")
-                why_not = None
-                continue
-            if why_not is not None:  # the member is fine but cannot serve this spec: keep it
-                pool.idle.appendleft((sandbox_id, since))
-                if why_not in (_KEY_TAKEN, _OVER_CAP):  # the normal create answers (the key's sandbox, or
-                    return None, None                   # it waits for a place under the cap, or says 429)
-        if why_not is None:
-            pool.misses += 1
-            if pool.spec.on_demand and pool.target < pool.spec.size_cap:
-                pool.target += 1
-            self._poke()
-            why_not = (f"pool {pool.spec.name} had no started member ({pool.starting} starting, at most "
-                       f"{pool.spec.size_cap}): made cold")
-            if failed:
-                why_not = (f"pool {pool.spec.name}'s members failed their claim and were deleted ("
-                           f"{'; '.join(failed)[:500]}); no other was started: made cold")
-        return None, SandboxPoolInfo(name=pool.spec.name, template=key, fallback_reason=why_not)
+    # --- making room for creates waiting at the server cap ---------------------------------------------------
 
-    async def _hand_out(self, pool: _Pool, sandbox_id: str, spec: SandboxSpec, owner: str, started: float,
-                        idempotency_key: str | None) -> tuple[SandboxInfo | None, str | None]:
-        store = self.service.store
-        record = store.get(sandbox_id)
-        member = record.info.pool if record is not None else None
-        if (record is None or record.info.state != "ready" or record.backend is None or member is None
-                or not member.idle or member.template != pool.key or record.info.token is None):
-            if record is not None and record.info.state == "ready":
-                self._discard(pool, sandbox_id, "deleted: a pool member that no longer matched its pool")
-            return None, None
-        now = time.time()
-        if record.info.expires_at < now + spec.timeout_s:
-            return None, (f"timeout_s={spec.timeout_s:g} is longer than pool {pool.spec.name}'s members have left "
-                          f"(member_timeout_s={pool.spec.member_timeout_s:g}): made cold")
-        # Re-owned (counted against the caller's per-owner cap, in the store, so that orchestrators sharing it
-        # cannot together exceed it) and bound to the key before the agent hears of the claim: a retry of
-        # this create finds this member and waits for the claim, never claims another.
-        admission = self.service.admission
-        pool_owner = record.info.owner
-        reowned = store.reown_within_cap(
-            sandbox_id, from_owner=pool_owner, to_owner=owner, live_states=admission.live_states,
-            max_per_owner=admission.caps.max_sandboxes_per_owner, idempotency_key=idempotency_key,
-            fingerprint=spec_fingerprint(spec) if idempotency_key is not None else None)
-        if reowned.outcome != "reowned":
-            return None, {"gone": None, "key_taken": _KEY_TAKEN, "over_cap": _OVER_CAP}[reowned.outcome]
-        claim_started = time.monotonic()
-        token = secrets.token_urlsafe(32)
+    def _may_evict(self) -> bool:
+        return self.service.admission.caps.max_sandboxes is not None and any(p.idle for p in self.pools.values())
+
+    def relieve(self) -> None:
+        """Evict idle members of this instance while creates (of any instance sharing the store) wait at the
+        server cap for a place that is neither free nor being freed (SandboxStore.evict_idle_member decides,
+        in one transaction). Each is deleted in the background; its place counts until the backend deleted
+        it, and member starts wait meanwhile, so the waiting create gets it."""
+        if not self._may_evict():
+            return
+        service, cap = self.service, self.service.admission.caps.max_sandboxes
+        assert cap is not None
+        if service.store.waiting_count(time.time()) == 0:
+            return
+        reason = f"deleted: an idle pool member evicted to make room for a create waiting at max_sandboxes={cap}"
+        while (record := service.store.evict_idle_member(
+                service.me.id, live_states=service.admission.live_states, max_sandboxes=cap, now=time.time(),
+                reason=reason)) is not None:
+            member = record.info.pool
+            pool = self.pools.get(member.name) if member is not None else None
+            if pool is not None:
+                pool.idle = deque(entry for entry in pool.idle if entry[0] != record.info.id)
+                pool.evicted += 1
+            log.info("pool %s: evicted idle member %s for a create waiting at max_sandboxes=%d",
+                     member.name if member else "?", record.info.id, cap)
+            self._spawn(self._remove_evicted(record.info.id, reason))
+
+    async def _remove_evicted(self, sandbox_id: str, reason: str) -> None:
         try:
-            await claim_agent(record.backend.agent_url, record.info.token, token, spec.env)
-        except BaseException as e:
-            # Refused, failed, or this create was cancelled: the agent may hold either token now, so the
-            # member is never handed out; its key is freed (nobody got it) and the caller gets another
-            # member or a cold create.
-            store.release_claim(sandbox_id, owner=owner, pool_owner=pool_owner)
-            self._discard(pool, sandbox_id, f"deleted: a pool member whose claim failed: {e or type(e).__name__}")
-            if not isinstance(e, Exception):
-                raise
-            log.warning("pool %s: member %s could not be claimed (%s); deleting it", pool.spec.name, sandbox_id, e)
-            pool.last_error = f"claiming member {sandbox_id} failed: {e}"
-            return None, f"{_CLAIM_FAILED}{e}"
-        done = time.monotonic()
-        info = record.info
-        info.token, info.spec, info.owner = token, spec, owner
-        info.created_at = info.last_heartbeat = now
-        info.expires_at = now + spec.timeout_s
-        info.pool = SandboxPoolInfo(name=pool.spec.name, template=pool.key, claimed=True)
-        info.startup = StartupTimings(pool_claim_ms=(done - claim_started) * 1000,
-                                      total_ms=(done - started) * 1000)
-        if not store.update_if_state(record, "ready"):  # deleted meanwhile (reaped as dead, another instance)
-            store.free_idempotency_keys(sandbox_id)  # nobody got it: a retry with the key creates anew
-            return None, None
-        return info, None  # the record was read for this claim alone: nothing else holds it
+            await self.service.remove(sandbox_id, reason)
+        except Exception as e:
+            log.warning("could not delete evicted pool member %s (the reaper retries): %s", sandbox_id, e)
 
     # --- refilling -----------------------------------------------------------------------------------------
 
-    def _poke(self) -> None:
+    def poke(self) -> None:
         if self._wake is not None:
             self._wake.set()
 
@@ -316,6 +267,9 @@ class PoolManager:
                     next_maintenance = now + MAINTENANCE_INTERVAL_S
                     self._maintain()
                 wait = min(self._top_up(), next_maintenance - now)
+                if self._may_evict():  # a create on another instance sharing the store may wait for a place
+                    self.relieve()
+                    wait = min(wait, EVICT_CHECK_INTERVAL_S)
             except Exception:  # never let one bad pass stop refilling
                 log.exception("refilling the warm pools failed; retrying")
                 wait = 1.0
@@ -366,15 +320,15 @@ class PoolManager:
             return
         finally:
             pool.starting -= 1
-            self._poke()
+            self.poke()
         pool.started += 1
         pool.failures_in_a_row = 0
         if pool.retired or self._stopping:
-            self._discard(pool, info.id, "deleted: its pool was retired or the orchestrator is stopping")
+            self.discard(pool, info.id, "deleted: its pool was retired or the orchestrator is stopping")
         else:
             pool.idle.append((info.id, time.monotonic()))
 
-    def _discard(self, pool: _Pool, sandbox_id: str, reason: str) -> None:
+    def discard(self, pool: _Pool, sandbox_id: str, reason: str) -> None:
         """Delete an unclaimed member in the background."""
         pool.drained += 1
 
@@ -396,7 +350,7 @@ class PoolManager:
                 if record is None or record.info.state != "ready":
                     continue
                 if now - since > pool.spec.max_idle_s:
-                    self._discard(pool, sandbox_id, f"deleted: an unclaimed pool member older than max_idle_s="
+                    self.discard(pool, sandbox_id, f"deleted: an unclaimed pool member older than max_idle_s="
                                   f"{pool.spec.max_idle_s:g}")
                     if pool.target > pool.spec.min_ready:
                         pool.target -= 1
@@ -425,5 +379,5 @@ class PoolManager:
             if pool is not None and pool.key == member.template and age < pool.spec.max_idle_s and not self._stopping:
                 pool.idle.append((record.info.id, now - age))
             else:
-                self._discard(pool or _Pool(PoolSpec(name=member.name, min_ready=0)), record.info.id,
+                self.discard(pool or _Pool(PoolSpec(name=member.name, min_ready=0)), record.info.id,
                               "deleted: a pool member whose pool's template changed or is gone")

@@ -58,7 +58,8 @@ class SandboxService:
         warm pools of pre-started sandboxes that matching creates claim (see pools.py)."""
         self.backend = backend
         self.store = store
-        self.admission = Admission(store, caps, ACTIVE_STATES, closing=lambda: self._closing)
+        self.admission = Admission(store, caps, ACTIVE_STATES, closing=lambda: self._closing,
+                                   relieve=lambda: self.pools.relieve())
         self.limits = limits if limits is not None else SpecLimits()
         self.reap_interval_s = reap_interval_s
         self.finished_retention_s = finished_retention_s

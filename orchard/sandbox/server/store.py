@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Iterable
 
 from orchard.core.errors import BackendError
-from orchard.sandbox.server.models import (Admitted, AdmissionRules, QuarantinedRow, Reowned, SandboxRecord,
-                                           ServiceRecord)
+from orchard.sandbox.server.models import QuarantinedRow, SandboxRecord, ServiceRecord
+from orchard.sandbox.server.store_admission import AdmissionStore, record_row
 
 log = logging.getLogger("orchard.sandbox.server")
 
@@ -52,6 +52,16 @@ CREATE TABLE IF NOT EXISTS create_rate (
     tokens REAL NOT NULL,
     updated REAL NOT NULL
 );
+-- Creates waiting for a place under the server cap (any instance), and idle pool members evicted for them
+-- (store_admission.py). A waiting row expires at its create's deadline.
+CREATE TABLE IF NOT EXISTS waiting_creates (
+    id TEXT PRIMARY KEY,
+    until REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evictions (
+    sandbox_id TEXT PRIMARY KEY,
+    since REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS services (
     id TEXT PRIMARY KEY,
     record TEXT NOT NULL
@@ -68,7 +78,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 
 
-class SandboxStore:
+class SandboxStore(AdmissionStore):
     def __init__(self, path: str | Path = ":memory:") -> None:
         self.path = str(path)
         self._lock = threading.Lock()
@@ -106,133 +116,7 @@ class SandboxStore:
         """Add a new sandbox; its id must be new."""
         self._write(
             "INSERT INTO sandboxes (id, service_id, state, owner, finished_at, record) VALUES (?,?,?,?,?,?)",
-            _row(record))
-
-    def admit(self, record: SandboxRecord, rules: AdmissionRules, now: float) -> Admitted:
-        """Insert a new sandbox's record if `rules` allow it, in one transaction that holds the database's
-        write lock from the count to the insert, so that no other create (of this process or another
-        orchestrator sharing the file) can slip in between: the caps cannot be exceeded. In order: an
-        idempotency key already used answers with its sandbox (or a conflict), then the caps on live
-        sandboxes, then the create rate (a token bucket kept here, shared by every instance)."""
-        states = list(rules.live_states)
-        marks = ",".join("?" * len(states))
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                result = self._admit_locked(record, rules, now, states, marks)
-                self._db.execute("COMMIT" if result.outcome == "admitted" else "ROLLBACK")
-                return result
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-
-    def _admit_locked(self, record: SandboxRecord, rules: AdmissionRules, now: float, states: list[str],
-                      marks: str) -> Admitted:
-        info = record.info
-        if rules.idempotency_key is not None:
-            row = self._db.execute("SELECT fingerprint, sandbox_id FROM idempotency WHERE owner = ? AND key = ?",
-                                   (info.owner, rules.idempotency_key)).fetchone()
-            if row is not None:
-                return Admitted(outcome="existing" if row[0] == rules.fingerprint else "conflict",
-                                sandbox_id=row[1])
-        live = self._db.execute(f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks})", states).fetchone()[0]
-        if rules.max_sandboxes is not None and live >= rules.max_sandboxes:
-            return Admitted(outcome="full", cap="server", live=live)
-        if rules.max_per_owner is not None:
-            mine = self._db.execute(f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks}) AND owner = ?",
-                                    [*states, info.owner]).fetchone()[0]
-            if mine >= rules.max_per_owner:
-                return Admitted(outcome="full", cap="owner", live=mine)
-        if rules.rate_per_s is not None:
-            row = self._db.execute("SELECT tokens, updated FROM create_rate WHERE id = 0").fetchone()
-            burst = float(rules.rate_burst)
-            tokens = burst if row is None else min(burst, row[0] + max(0.0, now - row[1]) * rules.rate_per_s)
-            if tokens < 1.0:
-                return Admitted(outcome="full", cap="rate", live=live,
-                                retry_after_s=(1.0 - tokens) / rules.rate_per_s)
-            self._db.execute("INSERT OR REPLACE INTO create_rate (id, tokens, updated) VALUES (0, ?, ?)",
-                             (tokens - 1.0, now))
-        self._db.execute(
-            "INSERT INTO sandboxes (id, service_id, state, owner, finished_at, record) VALUES (?,?,?,?,?,?)",
-            _row(record))
-        if rules.idempotency_key is not None:
-            self._db.execute("INSERT INTO idempotency (owner, key, fingerprint, sandbox_id) VALUES (?,?,?,?)",
-                             (info.owner, rules.idempotency_key, rules.fingerprint, info.id))
-        return Admitted(outcome="admitted", sandbox_id=info.id, live=live + 1)
-
-    def reown_within_cap(self, sandbox_id: str, *, from_owner: str, to_owner: str, live_states: Iterable[str],
-                         max_per_owner: int | None, idempotency_key: str | None = None,
-                         fingerprint: str | None = None) -> Reowned:
-        """Give a ready sandbox of `from_owner` (an idle pool member) to `to_owner` unless that takes
-        `to_owner` past `max_per_owner` live sandboxes, binding `idempotency_key` to it: one transaction
-        holding the write lock from the count to the update, so that orchestrators sharing the file cannot
-        together exceed the cap (as `admit`). Only the owner changes; the caller rewrites the rest."""
-        states = list(live_states)
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                result = self._reown_locked(sandbox_id, from_owner, to_owner, states, max_per_owner,
-                                            idempotency_key, fingerprint)
-                self._db.execute("COMMIT" if result.outcome == "reowned" else "ROLLBACK")
-                return result
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-
-    def _reown_locked(self, sandbox_id: str, from_owner: str, to_owner: str, states: list[str],
-                      max_per_owner: int | None, key: str | None, fingerprint: str | None) -> Reowned:
-        row = self._db.execute("SELECT record FROM sandboxes WHERE id = ? AND state = 'ready' AND owner = ?",
-                               (sandbox_id, from_owner)).fetchone()
-        if row is None:
-            return Reowned(outcome="gone")
-        if key is not None:
-            bound = self._db.execute("SELECT sandbox_id FROM idempotency WHERE owner = ? AND key = ?",
-                                     (to_owner, key)).fetchone()
-            if bound is not None:
-                return Reowned(outcome="key_taken", sandbox_id=bound[0])
-        if max_per_owner is not None:
-            mine = self._db.execute(f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({','.join('?' * len(states))}) "
-                                    "AND owner = ?", [*states, to_owner]).fetchone()[0]
-            if mine >= max_per_owner:
-                return Reowned(outcome="over_cap", live=mine)
-        record = SandboxRecord.model_validate_json(row[0])
-        record.info.owner = to_owner
-        self._db.execute("UPDATE sandboxes SET owner = ?, record = ? WHERE id = ?",
-                         (to_owner, record.model_dump_json(), sandbox_id))
-        if key is not None:
-            self._db.execute("INSERT INTO idempotency (owner, key, fingerprint, sandbox_id) VALUES (?,?,?,?)",
-                             (to_owner, key, fingerprint, sandbox_id))
-        return Reowned(outcome="reowned", sandbox_id=sandbox_id)
-
-    def release_claim(self, sandbox_id: str, *, owner: str, pool_owner: str) -> None:
-        """Undo `reown_within_cap` for a claim that failed: the key is freed and the member, if still ready
-        and `owner`'s, is the pool's again (so it stops counting against `owner` while it is deleted)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("DELETE FROM idempotency WHERE sandbox_id = ?", (sandbox_id,))
-                row = self._db.execute("SELECT record FROM sandboxes WHERE id = ? AND state = 'ready' AND owner = ?",
-                                       (sandbox_id, owner)).fetchone()
-                if row is not None:
-                    record = SandboxRecord.model_validate_json(row[0])
-                    record.info.owner = pool_owner
-                    self._db.execute("UPDATE sandboxes SET owner = ?, record = ? WHERE id = ?",
-                                     (pool_owner, record.model_dump_json(), sandbox_id))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-
-    def free_idempotency_keys(self, sandbox_id: str) -> int:
-        """Unbind every key naming `sandbox_id`, a create that never reached its caller (interrupted, or
-        failed), so that the caller's retry with its key creates anew; returns how many were bound."""
-        with self._lock:
-            return self._db.execute("DELETE FROM idempotency WHERE sandbox_id = ?", (sandbox_id,)).rowcount
-
-    def idempotency_target(self, owner: str, key: str) -> str | None:
-        """The sandbox an owner's idempotency key names now, or None when it names none."""
-        rows = self._read("SELECT sandbox_id FROM idempotency WHERE owner = ? AND key = ?", (owner, key))
-        return rows[0][0] if rows else None
+            record_row(record))
 
     def count_by_owner(self, *, states: Iterable[str]) -> dict[str, int]:
         states = list(states)
@@ -244,7 +128,7 @@ class SandboxStore:
         """Write the record (insert or replace)."""
         self._write(
             "INSERT OR REPLACE INTO sandboxes (id, service_id, state, owner, finished_at, record) "
-            "VALUES (?,?,?,?,?,?)", _row(record))
+            "VALUES (?,?,?,?,?,?)", record_row(record))
 
     def update_if_state(self, record: SandboxRecord, state: str) -> bool:
         """Write the record only while its stored state is still `state`, in one statement (nothing can
@@ -416,11 +300,6 @@ class SandboxStore:
                          (kind, row_id, raw, reason, time.time()))
         log.error("the stored %s %s is unreadable and was moved to the quarantine table of %s (the rest is "
                   "served as usual; its sandbox is deleted): %s", kind, row_id, self.path, reason)
-
-
-def _row(record: SandboxRecord) -> tuple:
-    info = record.info
-    return (info.id, record.service_id, info.state, info.owner, record.finished_at, record.model_dump_json())
 
 
 def _create_private_file(path: Path) -> None:
