@@ -20,6 +20,7 @@ from bench.measurement import BenchContext, Measurement
 from bench.results_model import Findings, Row, Target, ratio
 
 PEER = "transformers generate"
+LLAMA_CPP = "llama.cpp (Q4_1, inference only)"
 TARGET_RATIO = 3.0
 TOOL_RESULT = ("[exit code 1]\n" + "\n".join(f"tests/test_paginator.py::test_page_{i} FAILED - AssertionError: "
                                               f"expected {i} items, got {i + 1}" for i in range(8)))
@@ -69,7 +70,7 @@ def _plain_generate(model: Any, torch: Any, prompt: list[int], new_tokens: int,
     return clock.times[0] - started, ended - clock.times[0], output.shape[1] - len(prompt)
 
 
-def _first_call_seconds(gguf_only: bool) -> float:
+def _first_call_seconds(gguf_only: bool, engine: str | None = None) -> float:
     """Seconds from nothing loaded to a 16-token answer in a fresh Python process (smollm2 as configured);
     with `gguf_only`, just the load from the GGUF, what every first call cost before the checkpoint cache."""
     code = ("import time, transformers, torch\n"
@@ -81,8 +82,10 @@ def _first_call_seconds(gguf_only: bool) -> float:
                "smollm2.complete([{'role': 'user', 'content': 'What is the capital of France?'}], None, "
                "{'max_tokens': 16})\n")
             + "print(time.perf_counter() - t)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
+    if engine:
+        env["ORCHARD_SMOLLM2_ENGINE"] = engine
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"loading smollm2 failed: {done.stderr[-2000:]}")
     return float(done.stdout.strip().splitlines()[-1])
@@ -106,16 +109,60 @@ def _conversation(engine: Any, prompt: list[int], replies: list[list[int]] | Non
     return seconds, made, prompt_tokens
 
 
+def _llama_cpp(server: Any, prompt: list[int], new_tokens: int, cache_prompt: bool) -> Any:
+    return server.complete(prompt, max_new_tokens=new_tokens, temperature=None, top_k=1, top_p=None, seed=None,
+                           top_logprobs=0, stop=[], timeout_s=600, cache_prompt=cache_prompt)
+
+
+def _llama_cpp_conversation(server: Any, prompt: list[int], replies: list[list[int]],
+                            tool_turn: list[int]) -> tuple[float, int]:
+    """The same prompts as `_conversation` (Orchard's replies fed back), each call at most as long as Orchard's
+    reply; (seconds of call time, wall clock through its HTTP API, completion tokens made)."""
+    conversation, seconds, made = list(prompt), 0.0, 0
+    for reply in replies:
+        started = time.perf_counter()
+        made += len(_llama_cpp(server, conversation, len(reply), True).ids)
+        seconds += time.perf_counter() - started
+        conversation = conversation + reply + tool_turn
+    return seconds, made
+
+
+def _start_llama_cpp(gguf: Any, threads: int) -> Any:
+    """llama-server for the comparison, or None (with the reason on stderr) when its runtime cannot be had."""
+    from orchard.core.errors import ModelError
+    from orchard.policies.llama_cpp_engine import LlamaServer
+    from orchard.policies.llama_cpp_runtime import ensure_runtime
+
+    try:
+        return LlamaServer(ensure_runtime(), gguf, threads=threads, context=8192)
+    except ModelError as exc:
+        print(f"embedded_generation: no llama.cpp column: {exc}", file=sys.stderr)
+        return None
+
+
 def run(ctx: BenchContext) -> Findings:
+    from orchard.policies import smollm2
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = smollm2.get_model()  # loaded (and its checkpoint cached) before anything is timed
+    first_call, load_gguf = _first_call_seconds(False), _first_call_seconds(True)
+    server = _start_llama_cpp(smollm2.locate_gguf(), smollm2.generation_threads())
+    first_call_llama = _first_call_seconds(False, "llama_cpp") if server is not None else None
+    try:
+        return _measure(ctx, model, server, first_call, load_gguf, first_call_llama)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load_gguf: float,
+             first_call_llama: float | None) -> Findings:
     import torch
 
     from orchard.policies import smollm2
     from orchard.policies.kv_decode import decode
     from orchard.policies.lean_llama import LeanLlama
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = smollm2.get_model()  # loaded (and its checkpoint cached) before anything is timed
-    first_call, load_gguf = _first_call_seconds(False), _first_call_seconds(True)
     tokenizer, eos = model.tokenizer, model.end_of_turn_id
     ours, dtype = model.engine, getattr(model.engine, "dtype", torch.float32)
     exact = LeanLlama(model.model, torch.float32)
@@ -123,11 +170,13 @@ def run(ctx: BenchContext) -> Findings:
     repeats, new_tokens, turns = ctx.pick(3, 1), ctx.pick(48, 12), ctx.pick(4, 2)
     tool_turn = tokenizer(f"\n<|im_start|>user\n<tool_response>\n{TOOL_RESULT}\n</tool_response><|im_end|>\n"
                           "<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-    prefill: dict[str, list[float]] = {"ours": [], "exact": [], "peer": []}
-    dec: dict[str, list[float]] = {"ours": [], "exact": [], "peer": []}
+    prefill: dict[str, list[float]] = {"ours": [], "exact": [], "peer": [], "llama": []}
+    dec: dict[str, list[float]] = {"ours": [], "exact": [], "peer": [], "llama": []}
     with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
         _plain_generate(model.model, torch, prompt[:32], 2, eos)  # warm-up
         decode(ours, prompt[:32], max_new_tokens=2, eos_id=eos)
+        if server is not None:
+            _llama_cpp(server, prompt[:32], 2, False)
         for _ in range(repeats):  # interleaved, so that a load change on the machine hits every path
             for name, engine in (("ours", ours), ("exact", exact)):
                 fresh = decode(engine, prompt, max_new_tokens=new_tokens, eos_id=eos)
@@ -136,6 +185,11 @@ def run(ctx: BenchContext) -> Findings:
             prefill_s, decode_s, produced = _plain_generate(model.model, torch, prompt, new_tokens, eos)
             prefill["peer"].append(len(prompt) / prefill_s)
             dec["peer"].append((produced - 1) / decode_s)
+            if server is not None:  # the server's own clock, as kv_decode's: prompt, then the tokens after
+                fresh = _llama_cpp(server, prompt, new_tokens, False)
+                prefill["llama"].append(len(prompt) / (fresh.prompt_ms / 1000))
+                if len(fresh.ids) > 1 and fresh.predicted_ms > 0:  # it may end its turn at once
+                    dec["llama"].append((len(fresh.ids) - 1) / (fresh.predicted_ms / 1000))
         # the conversation: ours chooses the replies, the others are fed the same ones
         ours_s, replies, prompt_tokens = _conversation(ours, prompt, None, turns, new_tokens, eos, tool_turn)
         exact_s, _, _ = _conversation(exact, prompt, replies, turns, new_tokens, eos, tool_turn)
@@ -144,18 +198,24 @@ def run(ctx: BenchContext) -> Findings:
             prefill_s, decode_s, _ = _plain_generate(model.model, torch, conversation, len(reply), eos)
             peer_s += prefill_s + decode_s
             conversation = conversation + reply + tool_turn
+        llama_s, llama_made = _llama_cpp_conversation(server, prompt, replies, tool_turn) if server else (0.0, 0)
     completion_tokens = sum(len(reply) for reply in replies)
-    pre = {name: statistics.median(values) for name, values in prefill.items()}
-    dec_rate = {name: statistics.median(values) for name, values in dec.items()}
+    pre = {name: statistics.median(values) for name, values in prefill.items() if values}
+    dec_rate = {name: statistics.median(values) for name, values in dec.items() if values}
     agent = {"ours": completion_tokens / ours_s, "exact": completion_tokens / exact_s,
              "peer": completion_tokens / peer_s}
+    if server is not None:
+        agent["llama"] = llama_made / llama_s
     exact_name = "orchard float32 (exact)"
 
     def row(metric: str, figures: dict[str, float], targets: list[Target] | None = None) -> Row:
-        return Row(metric=metric, unit="tokens/s", ours=figures["ours"],
-                   peers={PEER: figures["peer"], exact_name: figures["exact"]},
-                   ratios={"orchard/generate": ratio(figures["ours"], figures["peer"]),
-                           "float32/generate": ratio(figures["exact"], figures["peer"])},
+        peers = {PEER: figures["peer"], exact_name: figures["exact"]}
+        ratios = {"orchard/generate": ratio(figures["ours"], figures["peer"]),
+                  "float32/generate": ratio(figures["exact"], figures["peer"])}
+        if "llama" in figures:
+            peers[LLAMA_CPP] = figures["llama"]
+            ratios["llama_cpp/generate"] = ratio(figures["llama"], figures["peer"])
+        return Row(metric=metric, unit="tokens/s", ours=figures["ours"], peers=peers, ratios=ratios,
                    targets=targets or [])
 
     rows = [
@@ -167,6 +227,10 @@ def run(ctx: BenchContext) -> Findings:
             peers={"GGUF load alone (the first call before the checkpoint cache)": load_gguf},
             ratios={"orchard/gguf": ratio(first_call, load_gguf)}),
     ]
+    if first_call_llama is not None:
+        rows.append(Row(metric="first call in a fresh process, ORCHARD_SMOLLM2_ENGINE=llama_cpp (runtime built)",
+                        unit="s", ours=first_call_llama, peers={"configured engine": first_call},
+                        ratios={"llama_cpp/configured": ratio(first_call_llama, first_call)}))
     return Findings(rows=rows, notes=[
         f"Orchard = smollm2's configured engine: {smollm2.EngineSettings.from_environment().engine}, "
         f"{str(dtype).removeprefix('torch.')} weights (lean_llama.py: fused projections, an in-place KV cache, "
@@ -176,6 +240,11 @@ def run(ctx: BenchContext) -> Findings:
         "The peer is plain `model.generate` on the transformers model (float32, greedy, its own KV cache, "
         "logits_to_keep=1). In the conversation every path is given the same prompts (Orchard's replies fed "
         "back); Orchard and float32 keep a prefix cache, `generate` re-reads each prompt.",
+        f"`{LLAMA_CPP}`: the llama_cpp engine's llama-server (Debian forky's llama.cpp, ggml CPU variant "
+        "for this CPU) on the Q4_1 GGUF itself, same threads, same token ids; prefill and decode from the "
+        "server's own timings (fresh prompt, no prompt cache), the conversation by wall clock through its "
+        "HTTP API with its prompt cache, each reply at most as long as Orchard's (it may stop earlier: it "
+        "runs other weights). Inference only: its logprobs are the quantized model's.",
     ])
 
 

@@ -134,3 +134,24 @@ def test_engine_setting_and_cpu_variant():
     assert backend_for_cpu(set()) == "x64"
     assert backend_for_cpu({"avx", "avx2", "fma", "f16c", "bmi2", "sse4_2"}) == "haswell"
     assert backend_for_cpu() in {name for name, _ in CPU_VARIANTS}
+
+
+def test_the_policy_returns_the_servers_ids_and_logprobs(runtime):
+    """smollm2 end to end with ORCHARD_SMOLLM2_ENGINE=llama_cpp, in a fresh process (the model is one per process)."""
+    script = ("import json; from orchard.policies import smollm2\n"
+              "c = smollm2.complete([{'role': 'user', 'content': 'What is 2 + 2?'}], None, {'max_tokens': 24})\n"
+              "m = smollm2.get_model()\n"
+              "print(json.dumps({'ids': c.completion_token_ids, 'logprobs': [t.logprob for t in c.logprobs],\n"
+              "  'token_ids': [t.token_id for t in c.logprobs], 'content': c.message['content'],\n"
+              "  'text': m.tokenizer.decode(c.completion_token_ids, skip_special_tokens=True),\n"
+              "  'prompt': len(c.prompt_token_ids), 'server': m.llama_server.process.pid}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "ORCHARD_SMOLLM2_ENGINE": "llama_cpp", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["ids"] and got["ids"] == got["token_ids"] and got["prompt"] > 0
+    assert all(lp <= 0.0 for lp in got["logprobs"])
+    assert got["content"].strip() and got["text"].strip().startswith(got["content"].strip()[:10])
+    assert not Path(f"/proc/{got['server']}").exists() or _is_zombie(got["server"])  # gone at exit

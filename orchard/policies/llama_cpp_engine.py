@@ -99,10 +99,11 @@ class LlamaServer:
 
     def complete(self, prompt: list[int], *, max_new_tokens: int, temperature: float | None, top_k: int,
                  top_p: float | None, seed: int | None, top_logprobs: int, stop: list[str],
-                 timeout_s: float | None) -> ServerResult:
-        """Generate after `prompt` (greedy unless `temperature` > 0); the ids and raw logprobs."""
+                 timeout_s: float | None, cache_prompt: bool = True) -> ServerResult:
+        """Generate after `prompt` (greedy unless `temperature` > 0); the ids and raw logprobs. With
+        `cache_prompt` the server reuses the states of the longest prefix it still holds."""
         body = {"prompt": prompt, "n_predict": max_new_tokens, "n_probs": max(1, top_logprobs),
-                "post_sampling_probs": False, "return_tokens": True, "cache_prompt": True, "stop": stop,
+                "post_sampling_probs": False, "return_tokens": True, "cache_prompt": cache_prompt, "stop": stop,
                 "temperature": temperature or 0.0, "top_k": top_k if temperature else 1,
                 "top_p": top_p if (temperature and top_p is not None) else 1.0, "min_p": 0.0,
                 "repeat_penalty": 1.0, "seed": seed if seed is not None else -1}
