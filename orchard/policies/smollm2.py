@@ -10,7 +10,9 @@ the prompt and completion token ids and the logprob of every completion token.
   of its last one), with `generate`'s sampling semantics, over one of two engines (`EngineSettings`, from
   ORCHARD_SMOLLM2_ENGINE / ORCHARD_SMOLLM2_DTYPE): `lean` (default), lean_llama.py's forward pass over the
   same weights, in bfloat16 where the CPU computes it natively (else float32); or `transformers`, the
-  transformers model itself in float32, whose fresh calls give `generate`'s very ids and logprobs.
+  transformers model itself in float32, whose fresh calls give `generate`'s very ids and logprobs. Or,
+  for inference only, `llama_cpp`: a llama-server on the Q4_1 GGUF itself (llama_cpp_engine.py), asked with
+  the same prompt ids, its own prompt cache, the quantized model's logprobs.
   `_generate_reference` is plain `generate`, kept to check the others against and to measure them by
   (bench/embedded_generation.py).
 - Generation is greedy unless `temperature` > 0 (then sampled from the 50 most likely tokens, with `top_p`,
