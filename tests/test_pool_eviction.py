@@ -76,6 +76,29 @@ def test_a_create_of_another_template_evicts_an_idle_member_and_the_cap_holds(sa
     asyncio.run(main())
 
 
+def test_a_create_waiting_on_another_orchestrator_sharing_the_store_gets_a_members_place(sandbox_home: Path):
+    """Two orchestrators on one home (replicas): the pool's members are the first's, the create waits on the
+    second, which has no pools; the first sees the waiting create in the store and evicts one member."""
+    async def main():
+        caps = CreateCaps(max_sandboxes=2, wait_s=60)
+        first = SandboxService.embedded(sandbox_home, pools=[PoolSpec(name="p", spec=POOLED, min_ready=2)],
+                                        caps=caps, reap_interval_s=0.2)
+        second = SandboxService.embedded(sandbox_home, caps=caps, reap_interval_s=0.2)
+        await first.start()
+        await second.start()
+        try:
+            await until(lambda: first.pools.status()[0].idle == 2, what="the pool filling the cap")
+            info = await second.create(SandboxSpec())
+            assert info.state == "ready" and first.pools.status()[0].evicted == 1
+            assert (await second.stats()).live == 2
+        finally:
+            await second.stop(delete_all=True)
+            await first.stop(delete_all=True)
+        assert await live_sandbox_ids(sandbox_home) == set()
+
+    asyncio.run(main())
+
+
 def test_a_refusal_at_the_cap_tells_pool_members_from_sandboxes_in_use(sandbox_home: Path):
     """With wait_s=0 nothing is evicted (the create could not wait for the member's deletion); the 429 says
     how many of the live sandboxes are unclaimed pool members and how many are in use."""
