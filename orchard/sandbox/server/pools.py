@@ -25,7 +25,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
-from orchard.core.errors import InvalidRequest
+from orchard.core.errors import CapacityExceeded, InvalidRequest
 from orchard.core.pool import PoolSpec, PoolStatus, PoolsConfig, template_differences, template_key
 from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec
 from orchard.sandbox.server.pool_claim import claim_from
@@ -39,6 +39,7 @@ MAINTENANCE_INTERVAL_S = 5.0   # how often idle members are checked (dead, too o
 EVICT_CHECK_INTERVAL_S = 0.25  # how often idle members look for creates waiting at the cap on other instances
 STRAY_CHECK_INTERVAL_S = 60.0  # how often members taken over from a dead instance are looked for
 MAX_BACKOFF_S = 30.0           # after failed member starts, the next waits up to this long
+CAP_RETRY_S = 0.5              # after a member start found no place under the caps (it waited wait_s already)
 
 
 def member_owner(pool_name: str) -> str:
@@ -310,6 +311,10 @@ class PoolManager:
             info = await self.service.create(
                 self.member_spec(pool), owner=member_owner(pool.spec.name),
                 _pool_member=SandboxPoolInfo(name=pool.spec.name, template=pool.key, idle=True))
+        except CapacityExceeded as e:  # at the cap, or yielding to waiting creates: not the member's fault
+            pool.last_error = f"waiting for a place: {e}"
+            pool.next_start = time.monotonic() + CAP_RETRY_S
+            return
         except Exception as e:
             pool.failed += 1
             pool.failures_in_a_row += 1
