@@ -217,6 +217,9 @@ async def check_health(socket: Path, timeout: float) -> None:
         response = await asyncio.wait_for(exchange(), timeout)
     except TimeoutError:
         raise BackendError(f"the agent's /health did not answer within {timeout:g} s") from None
+    if not response:
+        raise BackendError("the agent closed its connection without answering /health (it exited or was "
+                           "killed while starting)")
     head, _, body = response.partition(b"\r\n\r\n")
     status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
     try:
