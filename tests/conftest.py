@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.harness_bundle_rig import SessionBundles
 from tests.harness_rig import gateway_in_front_of, scripted_model
 from tests.running_server import remove_live_sandboxes
 
@@ -23,6 +24,13 @@ def gateway(scripted):
     """Orchard's real gateway in front of the scripted server."""
     with gateway_in_front_of(scripted) as gw:
         yield gw
+
+
+@pytest.fixture(scope="session")
+def session_bundles(tmp_path_factory) -> SessionBundles:
+    """The one harness-bundle cache of this test session: each bundle is built into it at most once, and
+    every harness test module's Orchard home links its `cache` to it (tests/harness_bundle_rig.py)."""
+    return SessionBundles(tmp_path_factory.mktemp("harness-bundles"))
 
 
 @pytest.fixture

@@ -28,10 +28,10 @@ MOUNT = f"/.orchard/harness/{TINY}"
 
 
 @pytest.fixture(scope="session")
-def bundle_home(tmp_path_factory) -> Path:
-    """An Orchard home whose cache holds the agent bundle and the tiny harness bundle, built once."""
-    home = tmp_path_factory.mktemp("harness-home")
+def bundle_home(tmp_path_factory, session_bundles) -> Path:
+    """An Orchard home whose cache (the session's) holds the agent bundle and the tiny harness bundle."""
     register_test_bundles(tmp_path_factory.mktemp("bundle-site"))
+    home = session_bundles.home(tmp_path_factory.mktemp("harness-home"))
     started = time.monotonic()
     built = ensure_bundle(get_bundle_spec(TINY), home / "cache", downloads=shared_downloads())
     print(f"tiny harness bundle: built in {time.monotonic() - started:.1f} s, {built.manifest.size_bytes >> 20} MB")

@@ -22,9 +22,7 @@ from orchard.eval.runner import run_eval
 from orchard.eval.suites import load_suite
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.harnesses.kimi_cli.convert import KimiLog, parse_jsonl, trajectory_from_log
-from orchard.sandbox.harness_bundles.build import ensure_bundle
 from tests.atif_spec import validate_atif
-from tests.harness_bundle_rig import shared_downloads
 from tests.harness_rig import SCRIPTED, scripted_config
 
 pytestmark = pytest.mark.slow
@@ -32,11 +30,10 @@ TASK = "orchard__pagekit-112"
 
 
 @pytest.fixture(scope="session")
-def kimi_home(tmp_path_factory) -> Path:
-    """An Orchard home whose cache holds the kimi-cli bundle, built once (~30 s; downloads kept)."""
-    home = tmp_path_factory.mktemp("kimi-home")
-    ensure_bundle(get_bundle_spec("kimi-cli"), home / "cache", downloads=shared_downloads())
-    return home
+def kimi_home(tmp_path_factory, session_bundles) -> Path:
+    """An Orchard home whose cache (the session's) holds the kimi-cli bundle, built once (~30 s; downloads
+    kept)."""
+    return session_bundles.home(tmp_path_factory.mktemp("kimi-home"), "kimi-cli")
 
 
 @pytest.fixture

@@ -21,9 +21,7 @@ from orchard.core.trajectory import Trajectory
 from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.sandbox.harness_bundles.build import ensure_bundle
 from tests.atif_spec import validate_atif
-from tests.harness_bundle_rig import shared_downloads
 from tests.harness_rig import SCRIPTED, scripted_config
 
 pytestmark = pytest.mark.slow
@@ -32,12 +30,10 @@ OPENHANDS_TOOLS = {"terminal", "file_editor", "task_tracker", "finish", "think"}
 
 
 @pytest.fixture(scope="session")
-def openhands_home(tmp_path_factory) -> Path:
-    """An Orchard home whose cache holds the openhands bundle, built once (minutes: pip backtracks; the
+def openhands_home(tmp_path_factory, session_bundles) -> Path:
+    """An Orchard home whose cache (the session's) holds the openhands bundle, built once (a minute or two; the
     downloads are kept between sessions)."""
-    home = tmp_path_factory.mktemp("openhands-home")
-    ensure_bundle(get_bundle_spec("openhands"), home / "cache", downloads=shared_downloads())
-    return home
+    return session_bundles.home(tmp_path_factory.mktemp("openhands-home"), "openhands")
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ runs (react in-process; the real Kimi-CLI 1.51.0 and OpenHands SDK 1.58.2 from t
 sandboxes), translated, then replayed — into Kimi-CLI or OpenHands by running that real harness with a
 script policy that makes the translated calls (its own tools run them), into react or mini-swe-agent by
 their tools — and the diff each replay leaves must be the source's. The harnesses' prompts are captured
-from the harnesses themselves (first request of a run, cached in the test's ORCHARD_HOME)."""
+from the harnesses themselves (first request of a run, cached in the home's cache, the session's)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from orchard.core.harness_bundle import get_bundle_spec
 from orchard.core.trajectory import ObservationResult, Trajectory
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.suites import load_suite
@@ -24,8 +23,6 @@ from orchard.recipes.translate_captured import CapturedDialect, capture_prompts,
 from orchard.recipes.translate_harness_replay import replay_in_harness, run_scripted
 from orchard.recipes.translate_replay import replay_patch
 from orchard.sandbox.client import AsyncOrchard
-from orchard.sandbox.harness_bundles.build import ensure_bundle
-from tests.harness_bundle_rig import shared_downloads
 from tests.recipes.test_translate import PAGEKIT, REACT_SCRIPT, record, scripted_config
 
 WORKDIR = "/testbed"
@@ -68,12 +65,10 @@ OPENHANDS_SCRIPT = [
 
 
 @pytest.fixture(scope="module")
-def agents_home(tmp_path_factory) -> Path:
-    """An Orchard home whose cache holds the kimi-cli and openhands bundles (built once; downloads kept)."""
-    home = tmp_path_factory.mktemp("agents-home")
-    for name in ("kimi-cli", "openhands"):
-        ensure_bundle(get_bundle_spec(name), home / "cache", downloads=shared_downloads())
-    return home
+def agents_home(tmp_path_factory, session_bundles) -> Path:
+    """An Orchard home whose cache (the session's) holds the kimi-cli and openhands bundles, built at most
+    once per session (the harness modules' homes share them)."""
+    return session_bundles.home(tmp_path_factory.mktemp("agents-home"), "kimi-cli", "openhands")
 
 
 def _names(trajectory: Trajectory) -> list[str]:
