@@ -167,7 +167,34 @@ def test_an_unknown_debian_package_fails_clearly_and_leaves_nothing(tmp_path, bu
         ensure_bundle(HarnessBundleSpec(name="tiny-old", python="3.9"), tmp_path)
 
 
+def test_a_locked_spec_installs_exactly_its_pins(tmp_path, bundle_home):
+    """`locked=True` installs with --no-deps: python-dateutil without the `six` it depends on."""
+    spec = HarnessBundleSpec(name="tiny-locked", requirements=["python-dateutil==2.9.0.post0"], locked=True)
+    built = ensure_bundle(spec, tmp_path, downloads=shared_downloads())
+    assert built.manifest.installed == {"python-dateutil": "2.9.0.post0"}
+
+
+def test_the_openhands_lock_holds_its_top_level_pins():
+    from orchard.harnesses.openhands.bundle import SPEC, TOP_LEVEL
+
+    assert SPEC.locked and set(TOP_LEVEL) <= set(SPEC.requirements)
+    assert len({pin.split("==")[0].lower() for pin in SPEC.requirements}) == len(SPEC.requirements) > 100
+
+
 # ---- the CLI ---------------------------------------------------------------------------------------------
+
+def test_cli_lock_prints_every_distribution_the_pins_resolve_to(tmp_path, bundle_home):
+    from orchard.cli.main import app
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "harness-downloads").symlink_to(shared_downloads(), target_is_directory=True)
+    done = CliRunner().invoke(app, ["harness", "lock", UNBUILT, "python-dateutil==2.9.0.post0",
+                                    "--cache-dir", str(cache)])
+    assert done.exit_code == 0, done.output
+    assert done.stdout.splitlines() == [f"# orchard harness lock {UNBUILT} python-dateutil==2.9.0.post0",
+                                        "python-dateutil==2.9.0.post0", "six==1.17.0"]
+    assert sorted(p.name for p in cache.iterdir()) == ["harness-downloads"], "the throw-away build is removed"
 
 def test_cli_lists_bundles_and_builds_by_name(bundle_home):
     from orchard.cli.main import app

@@ -1,5 +1,6 @@
 """`orchard harness list`: every harness registered (built in or by a plugin package), with the version each
-records in its trajectories; `orchard harness build` / `bundles`: harness bundles, built and listed."""
+records in its trajectories; `orchard harness build` / `bundles` / `lock`: harness bundles, built, listed and
+locked."""
 
 from __future__ import annotations
 
@@ -72,6 +73,42 @@ def build_command(
                   f"{m.size_bytes / 1e6:.0f} MB ({time.monotonic() - started:.1f} s) → {escape(str(built.path))}")
     if failed:
         raise typer.Exit(1)
+
+
+@app.command("lock")
+def lock_command(
+    name: Annotated[str, typer.Argument(help="The bundle whose lock to make (`orchard harness bundles`).")],
+    requirements: Annotated[list[str], typer.Argument(help="Its top-level pins, `name==version`.")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", dir_okay=False,
+                                                   help="Write the lock to this file (default: print it).")] = None,
+    cache_dir: CacheOption = None,
+) -> None:
+    """Make a bundle's lock: every distribution its top-level pins resolve to (in a throw-away build of the
+    bundle), one `name==version` a line, for a spec with `locked=True` (docs/harness-bundles.md, "Locks")."""
+    from orchard.core.errors import OrchardError
+    from orchard.core.harness_bundle import get_bundle_spec
+    from orchard.sandbox.bundle import default_cache_dir
+    from orchard.sandbox.harness_bundles.lock import resolve_lock
+
+    try:
+        spec = get_bundle_spec(name)
+        with err.status(f"{escape(name)}: resolving") as status:
+            pins = resolve_lock(spec, requirements, cache_dir or default_cache_dir(),
+                                progress=lambda step: status.update(f"{escape(name)}: {escape(step)}"))
+    except (OrchardError, ValueError) as exc:
+        fail(str(exc))
+    text = f"# orchard harness lock {name} {' '.join(requirements)}\n" + "".join(f"{pin}\n" for pin in pins)
+    if output is None:
+        print(text, end="")
+        return
+    try:
+        partial = output.with_name(f".{output.name}.partial")
+        partial.write_text(text)
+        partial.replace(output)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        fail(f"could not write the lock to {output}: {exc}")
+    err.print(f"[green]✓[/] {escape(name)}: {len(pins)} pins → {escape(str(output))}")
 
 
 @app.command("bundles")

@@ -38,7 +38,11 @@ class HarnessBundleSpec(BaseModel):
     python: str = Field(default="3.13", pattern=r"^3\.[0-9]{1,2}$", description="CPython major.minor")
     requirements: list[str] = Field(default_factory=list, max_length=256,
                                     description="exact pins, `name==version` (dependencies are resolved by "
-                                                "pip at build time and recorded in the manifest)")
+                                                "pip at build time, unless `locked`, and recorded in the "
+                                                "manifest)")
+    locked: bool = Field(default=False, description="`requirements` is the complete resolved set (a lock, "
+                                                    "every transitive distribution pinned): pip installs it "
+                                                    "with --no-deps and resolves nothing")
     debian_packages: list[str] = Field(default_factory=list, max_length=64,
                                        description="Debian packages added beside the interpreter, e.g. ripgrep")
     entry: list[str] = Field(default_factory=list, description="the harness's command, e.g. ['kimi', '--print']")
@@ -85,6 +89,12 @@ class HarnessBundleSpec(BaseModel):
 
     def _expand(self, text: str) -> str:
         return text.replace(BUNDLE_PLACEHOLDER, self.mount_point())
+
+
+def lock_pins(text: str) -> list[str]:
+    """The pins of a lock file (what `orchard harness lock` prints): one `name==version` a line, `#` comments
+    and blank lines ignored."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
 def bundle_spec_names() -> list[str]:

@@ -104,7 +104,8 @@ def _build(spec: HarnessBundleSpec, cache_dir: Path, downloads: Path, progress: 
         progress("making the venv")
         builder.run([python, "-m", "venv", "--without-pip", VENV_DIR], "make the venv")
         if spec.requirements:
-            progress(f"installing {', '.join(spec.requirements)} with pip")
+            progress(f"installing {len(spec.requirements)} locked requirements with pip --no-deps" if spec.locked
+                     else f"installing {', '.join(spec.requirements)} with pip")
             builder.pip_install(progress)
         installed = json.loads(builder.run(
             [f"{VENV_DIR}/bin/python", "-c", "import importlib.metadata as m, json; "
@@ -249,7 +250,7 @@ class _Builder:
         command = [f"{VENV_DIR}/bin/python", f"{self.mount}/usr/share/python-wheels/{wheels[-1].name}/pip",
                    "install", "--no-input", "--disable-pip-version-check", "--no-warn-script-location",
                    "--progress-bar", "off", "--root-user-action", "ignore", "--cache-dir", str(self.pip_cache),
-                   "-r", str(requirements)]
+                   *(["--no-deps"] if self.spec.locked else []), "-r", str(requirements)]
         proc = subprocess.Popen(self._argv(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=self._env())
         timer = threading.Timer(PIP_TIMEOUT_S, proc.kill)

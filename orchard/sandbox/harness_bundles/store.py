@@ -49,7 +49,8 @@ class BuiltBundle(BaseModel):
 def bundle_key(spec: HarnessBundleSpec, mirror: str = DEFAULT_MIRROR) -> str:
     h = hashlib.sha256(f"format={HARNESS_BUNDLE_FORMAT}\nsuite={suite_for(spec.python)}\nmirror={mirror}\n"
                        f"arch={ARCHITECTURE}\n".encode())
-    h.update(spec.model_dump_json().encode())
+    # `locked` counts only when set, so the keys (and built bundles) of specs that never lock stay as they were
+    h.update(spec.model_dump_json(exclude=None if spec.locked else {"locked"}).encode())
     return h.hexdigest()[:16]
 
 
