@@ -108,7 +108,7 @@ async def _replays_by_tools(home: Path, source: Trajectory, target: str) -> Traj
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # the first run builds both bundles (pip resolves OpenHands for minutes)
+@pytest.mark.timeout(1200)  # builds both bundles when no other module of the session has (~2 min)
 async def test_react_rollouts_replay_in_kimi_cli_and_openhands(agents_home, tmp_path, monkeypatch, scripted):
     monkeypatch.setenv("ORCHARD_HOME", str(agents_home))
     (oracle,) = await record(agents_home, tmp_path / "oracle", harness="react", model="oracle",
