@@ -7,6 +7,7 @@ parent, and a missing runtime or bad setting says what to do."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,11 +97,13 @@ def test_the_server_dies_with_its_parent(runtime):
               "from orchard.policies.llama_cpp_runtime import find_runtime; "
               "from orchard.policies.smollm2 import locate_gguf; "
               "s = LlamaServer(find_runtime(), locate_gguf(), threads=1, context=512); "
-              "print(s.process.pid, flush=True); sys.stdin.read()")
+              "print(s.process.pid, s.socket.parent, flush=True); sys.stdin.read()")
     parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
+    directory = None
     try:
-        server_pid = int(parent.stdout.readline())
+        pid, directory = parent.stdout.readline().split()
+        server_pid = int(pid)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         for _ in range(200):
@@ -112,6 +115,8 @@ def test_the_server_dies_with_its_parent(runtime):
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+        if directory:  # its socket and log: the killed parent could not remove them
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _is_zombie(pid: int) -> bool:
