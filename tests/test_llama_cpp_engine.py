@@ -18,7 +18,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from orchard.core.errors import ModelError  # noqa: E402
+from orchard.core.errors import ModelError, ModelUnreachable  # noqa: E402
 from orchard.policies.llama_cpp_engine import LlamaServer  # noqa: E402
 from orchard.policies.llama_cpp_runtime import (CPU_VARIANTS, LlamaCppRuntime, backend_for_cpu,  # noqa: E402
                                                 ensure_runtime)
@@ -180,3 +180,11 @@ def test_logprobs_are_the_quantized_models_close_to_the_torch_models(server, tok
         gaps += [abs(a - b) for a, b in zip(got.logprobs, expected)]
     assert max(gaps) < LOGPROB_TOLERANCE, (sum(gaps) / len(gaps), sorted(gaps)[-5:])
 
+
+
+def test_a_call_past_its_timeout_fails_as_the_models_and_the_server_goes_on(server, tokenizer):
+    prompt = chat_ids(tokenizer, "Write a long story about a cat.")
+    with pytest.raises(ModelUnreachable, match="smollm2 did not finish within 0.05 s") as failure:
+        greedy(server, prompt, max_new_tokens=400, timeout_s=0.05)
+    assert failure.value.__context__ is None  # not an httpx timeout: the gateway would call it the network's
+    assert greedy(server, prompt, max_new_tokens=4).ids

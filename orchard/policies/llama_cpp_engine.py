@@ -110,14 +110,21 @@ class LlamaServer:
         with self._lock:
             if self.process is None:
                 raise ModelError("llama-server was closed")
+            response, failure = None, None
             try:
                 response = self.client.post("/completion", json=body, timeout=timeout_s)
             except httpx.TimeoutException:
-                raise ModelUnreachable(f"smollm2 (llama_cpp) did not finish within {timeout_s:g} s (prompt of "
-                                       f"{len(prompt)} tokens); raise the gateway's timeout_s or ask for fewer "
-                                       "max_tokens") from None
+                failure = "timeout"
             except httpx.HTTPError as exc:
-                raise ModelError(f"llama-server did not answer ({exc}): {self.log_tail()}") from None
+                failure = str(exc)
+        # raised outside the except blocks: the gateway reads an httpx timeout in an error's context as the
+        # network's, and this is the model's own deadline
+        if failure == "timeout":
+            raise ModelUnreachable(f"smollm2 did not finish within {timeout_s:g} s (prompt of {len(prompt)} "
+                                   "tokens, llama_cpp engine); raise the gateway's timeout_s or ask for fewer "
+                                   "max_tokens")
+        if failure is not None or response is None:
+            raise ModelError(f"llama-server did not answer ({failure}): {self.log_tail()}")
         if response.status_code != 200:
             raise ModelError(f"llama-server refused the request ({response.status_code}): {response.text[:500]}")
         data = response.json()
