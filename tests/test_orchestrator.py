@@ -3,7 +3,9 @@ real local backend, talked to with httpx; sandboxes' agents reached over their U
 in-process service the embedded SDK uses.
 
 Every sandbox a test makes carries a unique environment variable (`ORCHARD_TEST_MARK`), so "no process
-left" is checked by looking for processes whose environment holds it."""
+left" is checked by looking for the processes of the sandboxes that carry it: those whose environment holds
+it, and those in the cgroups of the sandboxes whose spec holds it (an agent the zygote forked shows the
+zygote's environment in /proc, not the sandbox's)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class ServerProcess:
 
     def __init__(self, home: Path) -> None:
         self.home = home
+        HOMES.add(home)
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log = home / f"serve-{uuid.uuid4().hex[:6]}.log"
         options = {"host": "127.0.0.1", "port": int(self.url.rsplit(":", 1)[1]), "backend": "local",
@@ -102,17 +105,47 @@ def sweep(home: Path) -> None:
     assert asyncio.run(run()) == []
 
 
+HOMES: set[Path] = set()  # the Orchard homes this module's sandboxes were made in
+MARKED_KEYS: dict[str, set[str]] = {}  # mark -> the cgroup keys of the sandboxes whose spec carried it
+
+
+def remember_marked_sandboxes() -> None:
+    """Note the cgroup key of every sandbox in HOMES' stores under the mark its spec carries (kept after
+    its row goes: a test makes an orphan by deleting one)."""
+    for home in HOMES:
+        db = state_db_path(home)
+        if not db.exists():
+            continue
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            rows = connection.execute("SELECT id, record FROM sandboxes").fetchall()
+        backend = create_backend(backend_config("local", home))
+        for sandbox_id, record in rows:
+            value = json.loads(record)["info"]["spec"]["env"].get(MARK)
+            if value is not None:
+                MARKED_KEYS.setdefault(value, set()).add(backend._key(sandbox_id))
+
+
+def sandbox_key_of(cgroup_line: str) -> str | None:
+    """The sandbox key of a `/proc/PID/cgroup` line: the group right under an `orchard` group."""
+    parts = cgroup_line.split(":", 2)[-1].split("/")
+    return next((child for parent, child in zip(parts, parts[1:]) if parent == "orchard"), None)
+
+
 def marked_pids(mark: str) -> list[int]:
-    """Processes whose environment holds `ORCHARD_TEST_MARK=<mark>`."""
+    """The processes of the sandboxes marked `mark`: those whose environment holds
+    `ORCHARD_TEST_MARK=<mark>`, and those in the cgroups of a sandbox whose spec holds it."""
+    remember_marked_sandboxes()
+    keys = MARKED_KEYS.get(mark, set())
     needle = f"{MARK}={mark}".encode()
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 environ = Path(f"/proc/{entry}/environ").read_bytes()
+                groups = Path(f"/proc/{entry}/cgroup").read_text()
             except OSError:
                 continue
-            if needle in environ.split(b"\0"):
+            if needle in environ.split(b"\0") or any(sandbox_key_of(line) in keys for line in groups.splitlines()):
                 pids.append(int(entry))
     return pids
 
@@ -185,8 +218,10 @@ def api(server) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture
-def mark() -> Iterator[str]:
-    """A marker for this test's sandboxes; at the end none of their processes may be left."""
+def mark(tmp_path) -> Iterator[str]:
+    """A marker for this test's sandboxes (made in the server's home or in tmp_path); at the end none of
+    their processes may be left."""
+    HOMES.add(tmp_path)
     value = uuid.uuid4().hex
     yield value
     assert wait_for(lambda: not marked_pids(value), 10, "the test's sandbox processes to be gone") is True
@@ -384,6 +419,7 @@ def test_a_restarted_orchestrator_readopts_live_sandboxes_and_removes_the_rest(t
                     for name, m in marks.items()}
         assert all(r.status_code == 201 for r in made.values()), {n: r.text for n, r in made.items()}
         infos = {name: r.json() for name, r in made.items()}
+        assert all(marked_pids(m) for m in marks.values())
     finally:
         first.kill()  # a crash: the service never stops, its sandboxes keep running
 
