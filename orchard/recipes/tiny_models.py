@@ -11,22 +11,19 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from pathlib import Path
 from typing import Any
 
 
 @functools.lru_cache(maxsize=1)
 def smollm2_tokenizer() -> Any:
     """Parsing the GGUF file takes ~15 s, so the tokenizer is saved once under the user's cache directory
-    (by the GGUF's size and mtime) and loaded from there afterwards (well under a second)."""
+    (keyed by the GGUF's content) and loaded from there afterwards (well under a second)."""
     import transformers
 
-    from orchard.policies.smollm2 import locate_gguf
+    from orchard.policies.smollm2 import gguf_cache_dir, locate_gguf
 
     gguf = locate_gguf()
-    info = gguf.stat()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchard" / (
-        f"smollm2-tokenizer-{info.st_size}-{int(info.st_mtime)}")
+    cache = gguf_cache_dir(gguf, "smollm2-tokenizer-")
     if (cache / "tokenizer_config.json").is_file():
         return transformers.AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
