@@ -209,30 +209,25 @@ def rl(
     ] = None,
     guide_every: Annotated[int, typer.Option(help="With --guide: guide every N-th rollout of each task.")] = 2,
     vllm_url: Annotated[Optional[str], typer.Option(
-        help="Serve the policy from this vLLM OpenAI server (e.g. http://127.0.0.1:8000/v1) instead of "
-             "in-process generation; --vllm-model names its model.")] = None,
+        help="Sample the policy from this vLLM OpenAI server (e.g. http://127.0.0.1:8000/v1) instead of "
+             "in-process generation, prompts sent as token ids; --vllm-model names its model.")] = None,
     vllm_model: Annotated[Optional[str], typer.Option(help="The model name the vLLM server serves.")] = None,
 ) -> None:
     """GRPO (TRL GRPOTrainer) on real rollouts: the harness runs each task in a sandbox with the policy being
     trained served through the run's gateway, the grader gives the reward, and BAR decides how many
     rollouts each task gets. Prints each step's rollouts, rewards, loss and what was trained on."""
-    from orchard.gateway.config import ModelRoute
     from orchard.recipes.bar import ALLOCATORS, BarConfig
     from orchard.recipes.rl import RLConfig, train_rl
 
     if strategy not in ALLOCATORS:
         fail(f"--strategy {strategy!r}: choose from {', '.join(ALLOCATORS)}", code=2)
-    route = None
-    if vllm_url:
-        route = ModelRoute(model=f"hosted_vllm/{vllm_model or model}", api_base=vllm_url, api_key="unused",
-                           params={"logprobs": True, "extra_body": {"return_token_ids": True}})
     try:
         config = RLConfig(model=model, suite=suite, tasks=task or None, out=out_dir, harness=harness,
                           harness_options={"step_limit": step_limit}, max_tokens=max_tokens, max_steps=steps,
                           num_generations=generations, tasks_per_step=tasks_per_step, strategy=strategy,
                           parallel=parallel, learning_rate=learning_rate, temperature=temperature, seed=seed,
-                          policy_route=route, bar=BarConfig(retire_after=retire_after, max_rollouts=max_rollouts),
-                          guide=guide, guide_every=guide_every)
+                          vllm_url=vllm_url, vllm_model=vllm_model, guide=guide, guide_every=guide_every,
+                          bar=BarConfig(retire_after=retire_after, max_rollouts=max_rollouts))
     except ValueError as exc:
         fail(str(exc), code=2)
     try:

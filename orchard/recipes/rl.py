@@ -7,9 +7,10 @@ The policy being trained answers the harness through the run's gateway (`Trainin
 transformers generation on CPU); the trainer reads the gateway's records — the ids the policy sampled, its
 logprobs, the environment's tokens between turns (`env_mask` 0) — and the grader's reward.
 
-On a GPU, generation belongs in vLLM: start `trl vllm-serve --model DIR` (or vLLM's OpenAI server) and set
-`RLConfig.policy_route` to it (`hosted_vllm/...` with `return_token_ids`); the gateway records its ids and
-logprobs the same way, and TRL's `use_vllm=True, vllm_mode="server"` keeps its weights in sync."""
+On a GPU, generation belongs in vLLM: start vLLM's OpenAI server on the model directory and set
+`RLConfig.vllm_url` / `vllm_model` (`VLLMPolicy`, orchard.recipes.rl_vllm): prompts go to its completions
+endpoint as token ids, so the trainer gets exactly the ids vLLM sampled. `policy_route` instead routes the
+`policy` alias to any chat server (text in: its prompts are re-rendered each call, drift is reported)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,13 @@ class RLConfig(BaseModel):
     guide_every: int = Field(default=2, ge=1)
     policy_route: ModelRoute | None = Field(
         default=None, description="serve the policy from this gateway route (e.g. a vLLM server) instead of "
-                                  "in-process generation")
+                                  "in-process generation (chat text in; prefer vllm_url for a vLLM server)")
+    vllm_url: str | None = Field(
+        default=None, description="a vLLM OpenAI server (e.g. http://127.0.0.1:8000/v1) that samples the policy "
+                                  "from token ids (its /completions endpoint); `model` is its model directory, "
+                                  "for the tokenizer")
+    vllm_model: str | None = Field(default=None, description="the model name the vLLM server serves "
+                                                             "(default: `model`)")
 
 
 class RLResult(BaseModel):
@@ -117,14 +124,19 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
     before = [p.detach().clone() for p in model.parameters()]
     guide = None
     if config.guide is not None and forced is None:
-        if config.policy_route is not None:
+        if config.policy_route is not None or config.vllm_url is not None:
             raise InvalidRequest("--guide needs the in-process policy (it dictates the policy's replies); it cannot "
                                  "guide a policy served elsewhere (--vllm-url)")
         from orchard.recipes.rl_guide import OracleGuide
 
         forced = guide = OracleGuide(tasks.values(), every=config.guide_every)
         on_step = _marking_guided(guide, on_step)
-    policy = TrainingPolicy(model, tokenizer, forced=forced) if config.policy_route is None else None
+    if config.vllm_url is not None:
+        from orchard.recipes.rl_vllm import VLLMPolicy
+
+        policy = VLLMPolicy(tokenizer=tokenizer, url=config.vllm_url, served_model=config.vllm_model or config.model)
+    else:
+        policy = TrainingPolicy(model, tokenizer, forced=forced) if config.policy_route is None else None
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=None)
     batch = config.tasks_per_step * config.num_generations
     args = GRPOConfig(
@@ -134,17 +146,21 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
         use_cpu=not torch.cuda.is_available(), seed=config.seed, max_completion_length=1 << 16,
         disable_tqdm=True)
     dataset = Dataset.from_list([{"prompt": task_id} for task_id in tasks])
-    with RolloutEnv(policy, harness=config.harness, harness_options=config.harness_options, sampling=sampling,
-                    parallel=config.parallel, route=config.policy_route,
-                    timeouts=TrialTimeouts(agent_s=config.agent_timeout_s,
-                                           trial_s=config.agent_timeout_s + 1200)) as env:
-        rollout_func = BarRolloutFunc(env=env, tasks=tasks, pad_id=tokenizer.pad_token_id,
-                                      strategy=config.strategy, bar=config.bar, on_step=on_step)
-        trainer = GRPOTrainer(model=model, reward_funcs=[orchard_reward], args=args, train_dataset=dataset,
-                              processing_class=tokenizer, rollout_func=rollout_func)
-        started = time.monotonic()
-        trainer.train()
-        elapsed = time.monotonic() - started  # rollouts included: they run inside the training step
+    try:
+        with RolloutEnv(policy, harness=config.harness, harness_options=config.harness_options, sampling=sampling,
+                        parallel=config.parallel, route=config.policy_route,
+                        timeouts=TrialTimeouts(agent_s=config.agent_timeout_s,
+                                               trial_s=config.agent_timeout_s + 1200)) as env:
+            rollout_func = BarRolloutFunc(env=env, tasks=tasks, pad_id=tokenizer.pad_token_id,
+                                          strategy=config.strategy, bar=config.bar, on_step=on_step)
+            trainer = GRPOTrainer(model=model, reward_funcs=[orchard_reward], args=args, train_dataset=dataset,
+                                  processing_class=tokenizer, rollout_func=rollout_func)
+            started = time.monotonic()
+            trainer.train()
+            elapsed = time.monotonic() - started  # rollouts included: they run inside the training step
+    finally:
+        if hasattr(policy, "close"):
+            policy.close()  # a VLLMPolicy's HTTP client
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
     config.out.mkdir(parents=True, exist_ok=True)
