@@ -212,6 +212,9 @@ def rl(
         help="Sample the policy from this vLLM OpenAI server (e.g. http://127.0.0.1:8000/v1) instead of "
              "in-process generation, prompts sent as token ids; --vllm-model names its model.")] = None,
     vllm_model: Annotated[Optional[str], typer.Option(help="The model name the vLLM server serves.")] = None,
+    vllm_sync: Annotated[bool, typer.Option(
+        help="With --vllm-url: before each step, save the trainer's weights and have the server reload them "
+             "(start it with VLLM_SERVER_DEV_MODE=1); --no-vllm-sync leaves its weights as they started.")] = True,
 ) -> None:
     """GRPO (TRL GRPOTrainer) on real rollouts: the harness runs each task in a sandbox with the policy being
     trained served through the run's gateway, the grader gives the reward, and BAR decides how many
@@ -226,7 +229,8 @@ def rl(
                           harness_options={"step_limit": step_limit}, max_tokens=max_tokens, max_steps=steps,
                           num_generations=generations, tasks_per_step=tasks_per_step, strategy=strategy,
                           parallel=parallel, learning_rate=learning_rate, temperature=temperature, seed=seed,
-                          vllm_url=vllm_url, vllm_model=vllm_model, guide=guide, guide_every=guide_every,
+                          vllm_url=vllm_url, vllm_model=vllm_model, vllm_sync=vllm_sync,
+                          guide=guide, guide_every=guide_every,
                           bar=BarConfig(retire_after=retire_after, max_rollouts=max_rollouts))
     except ValueError as exc:
         fail(str(exc), code=2)

@@ -68,6 +68,9 @@ class RLConfig(BaseModel):
                                   "for the tokenizer")
     vllm_model: str | None = Field(default=None, description="the model name the vLLM server serves "
                                                              "(default: `model`)")
+    vllm_sync: bool = Field(default=True, description="before each step's rollouts, save the trainer's weights "
+                                                      "under OUT/vllm-weights and have the vLLM server reload "
+                                                      "them (it must run with VLLM_SERVER_DEV_MODE=1)")
 
 
 class RLResult(BaseModel):
@@ -134,7 +137,11 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
     if config.vllm_url is not None:
         from orchard.recipes.rl_vllm import VLLMPolicy
 
-        policy = VLLMPolicy(tokenizer=tokenizer, url=config.vllm_url, served_model=config.vllm_model or config.model)
+        from orchard.recipes.rl_vllm_sync import ReloadWeights
+
+        sync = ReloadWeights(config.vllm_url, config.out / "vllm-weights") if config.vllm_sync else None
+        policy = VLLMPolicy(tokenizer=tokenizer, url=config.vllm_url, served_model=config.vllm_model or config.model,
+                            sync=sync)
     else:
         policy = TrainingPolicy(model, tokenizer, forced=forced) if config.policy_route is None else None
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=None)

@@ -54,6 +54,8 @@ class VLLMPolicy(TrainingPolicy):
 
     def close(self) -> None:
         self._client.close()
+        if self.sync is not None and hasattr(self.sync, "close"):
+            self.sync.close()
 
     def weights_changed(self) -> None:
         super().weights_changed()

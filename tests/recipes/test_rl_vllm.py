@@ -158,3 +158,38 @@ def test_a_multi_turn_rollout_on_real_vllm_has_zero_token_drift():
         [t for answer in answers for t in answer["token_ids"]]
     assert [lp for lp, m in zip(sample.logprobs, sample.env_mask) if m] == pytest.approx(
         [lp for answer in answers for lp in answer["logprobs"]["token_logprobs"]])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not all(REAL.values()), reason="needs a vLLM server started with VLLM_SERVER_DEV_MODE=1: "
+                                                  "set ORCHARD_VLLM_URL, ORCHARD_VLLM_MODEL and "
+                                                  "ORCHARD_VLLM_TOKENIZER (docs/training.md)")
+def test_the_server_samples_from_the_trainers_weights_after_a_reload(tmp_path):
+    """The served model's weights changed on disk and reloaded: the same prompt scores differently; the
+    original weights reloaded: it scores as before."""
+    import torch
+    import transformers
+
+    from orchard.recipes.rl_vllm_sync import ReloadWeights
+
+    directory = REAL["ORCHARD_VLLM_TOKENIZER"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype="float32")
+    policy = VLLMPolicy(tokenizer=tokenizer, url=REAL["ORCHARD_VLLM_URL"], served_model=REAL["ORCHARD_VLLM_MODEL"])
+    sync = ReloadWeights(REAL["ORCHARD_VLLM_URL"], tmp_path / "sync")
+    prompt = list(tokenizer("The capital of France is", add_special_tokens=False)["input_ids"])
+    try:
+        before = policy._sample(prompt, None, None, 4, None)
+        with torch.no_grad():
+            model.model.norm.weight.mul_(0.5)
+        sync(model)
+        changed = policy._sample(prompt, None, None, 4, None)
+        with torch.no_grad():
+            model.model.norm.weight.mul_(2.0)
+        sync(model)
+        restored = policy._sample(prompt, None, None, 4, None)
+    finally:
+        policy.close()
+    assert changed[1] != pytest.approx(before[1], abs=1e-3)
+    assert restored[0] == before[0] and restored[1] == pytest.approx(before[1], abs=1e-4)
+    assert sync.syncs == 2 and [p.name for p in (tmp_path / "sync").iterdir()] == ["step-2"]
