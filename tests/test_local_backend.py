@@ -237,7 +237,12 @@ async def test_rootfs_without_python_runs_the_bundled_agent(backend, busybox_roo
 
 
 async def test_missing_rootfs_is_invalid_and_creates_nothing(backend, tmp_path):
-    run_before = set(os.listdir(backend.run_base)) if backend.run_base.exists() else set()
+    # run_base is shared by every local backend of this user on the machine: only this backend's entries count
+    def ours() -> set[str]:
+        names = os.listdir(backend.run_base) if backend.run_base.exists() else []
+        return {name for name in names if name.startswith(f"{backend.owner}-")}
+
+    run_before = ours()
     for image in (str(tmp_path / "no-such-rootfs"), "relative/rootfs", str(Path(__file__))):
         with pytest.raises(InvalidRequest, match="rootfs"):
             await backend.create("missing1", SandboxSpec(image=image), "tok")
@@ -245,8 +250,7 @@ async def test_missing_rootfs_is_invalid_and_creates_nothing(backend, tmp_path):
         with pytest.raises(InvalidRequest, match="workdir"):
             await backend.create("missing1", SandboxSpec(workdir=workdir), "tok")
     assert not (backend.root_dir / "missing1").exists()
-    run_after = set(os.listdir(backend.run_base)) if backend.run_base.exists() else set()
-    assert run_after == run_before
+    assert ours() == run_before
 
 
 # ---- limits --------------------------------------------------------------------------------------------
