@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import struct
+import sys
 
 HEADER = struct.Struct("!I")
 # The commands' oom_score_adj, above the spawner's own (0): when the workload fills its memory, the OOM
@@ -78,11 +79,22 @@ def _exactly(sock, have: bytes, size: int) -> bytes:
 
 def main(requests: socket.socket, events: socket.socket):
     """The spawner's life, in the forked child. Never returns."""
+    status = 0
     try:
         _set_up(requests.fileno(), events.fileno())
         _serve(requests, events)
+    except BaseException:
+        # Otherwise the agent sees only a closed socket: say why in the agent's log (stderr stays open).
+        import traceback
+
+        status = 1
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - the log itself is gone: nothing left to tell
+            pass
     finally:
-        os._exit(0)
+        os._exit(status)
 
 
 def _set_up(*keep):
