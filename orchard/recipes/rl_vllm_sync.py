@@ -53,10 +53,14 @@ class ReloadWeights:
         self.syncs += 1
 
     def close(self) -> None:
-        """Remove the last checkpoint (the server has read it)."""
+        """Remove the last checkpoint (the server has read it), and the directory if nothing else is in it."""
         if self._last is not None:
             shutil.rmtree(self._last, ignore_errors=True)
             self._last = None
+        try:
+            self.directory.rmdir()
+        except OSError:
+            pass  # absent, or holds something not ours
 
     def _post(self, client: httpx.Client, path: str, body: dict[str, Any] | None) -> None:
         try:

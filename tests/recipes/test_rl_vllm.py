@@ -193,3 +193,5 @@ def test_the_server_samples_from_the_trainers_weights_after_a_reload(tmp_path):
     assert changed[1] != pytest.approx(before[1], abs=1e-3)
     assert restored[0] == before[0] and restored[1] == pytest.approx(before[1], abs=1e-4)
     assert sync.syncs == 2 and [p.name for p in (tmp_path / "sync").iterdir()] == ["step-2"]
+    sync.close()
+    assert not (tmp_path / "sync").exists()
