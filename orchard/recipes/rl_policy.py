@@ -15,9 +15,9 @@ known-bad actions into a group (e.g. the oracle's patch); `None` samples.
 
 On a CPU, generation is the KV-cached loop of `orchard.policies.kv_decode` with a prefix cache: a rollout's
 next prompt extends its last one, so only the new tokens are read (the cache is dropped whenever the
-trainer changes the weights). On a GPU, serve the policy with vLLM instead (`trl vllm-serve`, or vLLM's OpenAI server with
-`return_token_ids`) and route the gateway's `policy` alias to it (`hosted_vllm/...`): the gateway records
-its token ids and logprobs the same way (docs/training.md)."""
+trainer changes the weights). On a GPU, sample from a vLLM server instead: `VLLMPolicy`
+(orchard.recipes.rl_vllm) is this class with its sampler sending the same prompt ids to vLLM's completions
+endpoint, so token in, token out holds there too (docs/training.md)."""
 
 from __future__ import annotations
 
