@@ -57,6 +57,7 @@ class TrainingPolicy:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _prefixes: Any = None
     reused_prompt_tokens: int = 0  # prompt tokens whose KV states the prefix cache supplied
+    samples_in_parallel = False  # class-level: True where `_sample` is a remote call that needs no lock
 
     def __post_init__(self) -> None:
         from orchard.policies.kv_decode import PrefixCache
@@ -70,6 +71,12 @@ class TrainingPolicy:
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  params: dict[str, Any], *, rollout_key: str | None, timeout_s: float | None) -> LocalCompletion:
         sampling = sampling_request(params)
+        limit = sampling.max_completion_tokens or sampling.max_tokens or DEFAULT_MAX_TOKENS
+
+        def sample(prompt: list[int]) -> tuple[list[int], list[float]]:
+            return self._sample(prompt, sampling.temperature, sampling.top_p, limit, sampling.seed)
+
+        ids: list[int] | None = None
         with self._lock:  # one generation at a time (CPU); the tokenizer is not thread-safe either
             state = self._rollouts.get(rollout_key) if rollout_key else None
             prompt, segments = self._prompt_ids(state, messages, tools)
@@ -77,9 +84,11 @@ class TrainingPolicy:
             if forced is not None:
                 ids = list(self.tokenizer(forced, add_special_tokens=False)["input_ids"]) + [self.end_of_turn_id]
                 logprobs = self._score(prompt, ids)
-            else:
-                limit = sampling.max_completion_tokens or sampling.max_tokens or DEFAULT_MAX_TOKENS
-                ids, logprobs = self._sample(prompt, sampling.temperature, sampling.top_p, limit, sampling.seed)
+            elif not self.samples_in_parallel:
+                ids, logprobs = sample(prompt)
+        if ids is None:  # a remote sampler (VLLMPolicy): other rollouts' calls go on meanwhile
+            ids, logprobs = sample(prompt)
+        with self._lock:
             ended = bool(ids) and ids[-1] == self.end_of_turn_id
             if rollout_key:
                 self._rollouts[rollout_key] = _RolloutTokens(

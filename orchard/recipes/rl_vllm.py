@@ -13,8 +13,8 @@ The tokenizer here must be the served model's (load it from the same directory).
 if the prompt ids it echoes differ from those sent (a server that added a BOS, say), the call fails
 instead of training on ids the model never saw.
 
-Calls go one at a time (the shared rollout state is locked, as for in-process generation); many parallel
-rollouts against one GPU server would want that lock narrowed to the prompt bookkeeping.
+Calls of different rollouts reach the server at once (only the prompt bookkeeping is locked), so parallel
+rollouts (`--parallel`) share one server's batch.
 
 Weights: `weights_changed()` (the rollout function calls it before each step's rollouts) hands the
 trainer's current model to `sync` if one is set (orchard.recipes.rl_vllm_sync); without it the server keeps
@@ -44,6 +44,7 @@ class VLLMPolicy(TrainingPolicy):
     served_model: str = ""
     timeout_s: float = DEFAULT_TIMEOUT_S
     sync: Callable[[Any], None] | None = None
+    samples_in_parallel = True  # `_sample` is an HTTP call: no lock around it
 
     def __post_init__(self) -> None:
         if self.tokenizer is None or not self.url or not self.served_model:

@@ -195,3 +195,52 @@ def test_the_server_samples_from_the_trainers_weights_after_a_reload(tmp_path):
     assert sync.syncs == 2 and [p.name for p in (tmp_path / "sync").iterdir()] == ["step-2"]
     sync.close()
     assert not (tmp_path / "sync").exists()
+
+
+def test_calls_of_different_rollouts_reach_the_server_at_once(tokenizer):
+    """The stand-in (a fake of vLLM, see the module docstring) answers only once two requests are in flight
+    together: with the calls serialized the first would wait alone and fail."""
+    arrived = threading.Barrier(2, timeout=30)
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            arrived.wait()
+            payload = json.dumps({"choices": [{"token_ids": [eot], "prompt_token_ids": body["prompt"],
+                                               "logprobs": {"token_logprobs": [-0.1]}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    policy = VLLMPolicy(tokenizer=tokenizer, url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                        served_model="served")
+    results: dict[str, Any] = {}
+
+    def rollout(key: str) -> None:
+        try:
+            results[key] = policy.complete([{"role": "user", "content": key}], None, {"max_tokens": 4},
+                                           rollout_key=key, timeout_s=None)
+        except Exception as exc:  # reported by the assertion below
+            results[key] = exc
+
+    try:
+        workers = [threading.Thread(target=rollout, args=(key,)) for key in ("a", "b")]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        policy.close()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert all(not isinstance(r, Exception) for r in results.values()), results
+    assert {key: r.completion_token_ids for key, r in results.items()} == {"a": [eot], "b": [eot]}
