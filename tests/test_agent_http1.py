@@ -161,7 +161,7 @@ def test_command_line_forms_and_help(tmp_path):
     assert typo.returncode == 2 and "--wrokdir" in typo.stderr
     # `--opt=value` works like `--opt value`, and so do argparse's abbreviations.
     for argv in (["--listen=tcp:127.0.0.1:0", "--workdir=%s" % tmp_path],
-                 ["--list", "tcp:127.0.0.1:0", "--work", str(tmp_path)]):
+                 ["--list", "tcp:127.0.0.1:0", "--workd", str(tmp_path)]):
         proc = subprocess.Popen(agent + argv, env=env, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().startswith("READY tcp:127.0.0.1:")
