@@ -27,8 +27,7 @@ from typing import Callable
 from pydantic import BaseModel
 
 from orchard.core.errors import ModelError
-from orchard.sandbox.bundle import default_cache_dir
-from orchard.sandbox.harness_bundles import debian
+from orchard.util import debian
 
 SUITE = "forky"
 PACKAGES = ("llama.cpp-tools",)
@@ -81,7 +80,9 @@ def runtime_key() -> str:
 
 
 def runtime_dir(cache_dir: Path | None = None) -> Path:
-    return Path(cache_dir or default_cache_dir()) / "llama-cpp" / runtime_key()
+    # $ORCHARD_HOME/cache, where the agent and harness bundles are kept too
+    default = Path(os.environ.get("ORCHARD_HOME") or Path.home() / ".orchard") / "cache"
+    return Path(cache_dir or default) / "llama-cpp" / runtime_key()
 
 
 def find_runtime(cache_dir: Path | None = None) -> LlamaCppRuntime | None:

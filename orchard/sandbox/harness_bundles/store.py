@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.harness_bundle import HarnessBundleSpec, bundle_spec_names, get_bundle_spec
-from orchard.sandbox.harness_bundles.debian import ARCHITECTURE, DEFAULT_MIRROR, suite_for
+from orchard.util.debian import ARCHITECTURE, DEFAULT_MIRROR, suite_for
 
 HARNESS_BUNDLE_FORMAT = 1
 MANIFEST = "manifest.json"

@@ -1,7 +1,7 @@
-"""Debian packages for a harness bundle, from deb.debian.org only: apt-get with a private configuration (its
-own sources list, package lists, archive cache and an *empty* dpkg status, so it resolves the whole closure
-of what is asked and installs nothing on this machine), `--download-only`, then `dpkg-deb -x` of each
-package into the bundle. No maintainer scripts run.
+"""Debian packages for a self-contained tree (a harness bundle, the llama.cpp runtime), from deb.debian.org
+only: apt-get with a private configuration (its own sources list, package lists, archive cache and an
+*empty* dpkg status, so it resolves the whole closure of what is asked and installs nothing on this
+machine), `--download-only`, then `dpkg-deb -x` of each package into the tree. No maintainer scripts run.
 
 Why apt-get rather than debootstrap: the closure of `python3.13` alone is ~30 packages and ~20 MB fetched in
 about a second, where a minbase debootstrap takes ~1 minute and 270 MB for tools the bundle never uses; apt
