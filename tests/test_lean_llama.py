@@ -112,7 +112,7 @@ def test_engine_settings_come_from_the_environment(monkeypatch):
     chosen = EngineSettings.from_environment()
     assert chosen.engine == "transformers" and chosen.lean_dtype(torch) == torch.float32
     monkeypatch.setenv("ORCHARD_SMOLLM2_ENGINE", "llama.cpp")
-    with pytest.raises(ModelError, match="ORCHARD_SMOLLM2_ENGINE is lean or transformers"):
+    with pytest.raises(ModelError, match="ORCHARD_SMOLLM2_ENGINE is lean, transformers or llama_cpp"):
         EngineSettings.from_environment()
 
 
