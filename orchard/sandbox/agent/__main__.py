@@ -128,6 +128,12 @@ def main(argv=None):
     _drop_start_dir()
     # The start allocates many objects and frees few: no collection is worth its time until serving.
     gc.disable()
+    # An orchestrator started with Ctrl-C ignored (nohup, `cmd &` in a script) would hand that on to every
+    # command: a session's interrupt would then do nothing. Commands start from the defaults instead.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     listen, workdir_arg, user, agent_user, init_user, gateway, cgroup_fds = parse_args(
         sys.argv[1:] if argv is None else argv)
 
