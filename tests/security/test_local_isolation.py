@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from orchard.core.errors import OrchardError
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends.local import LocalBackend
@@ -270,7 +271,13 @@ async def test_the_workload_cannot_stop_or_kill_its_agent(backend):
                        "kill -STOP -1; kill -CONT -1", "kill -KILL -1", "kill -INT 1; kill -TERM 1",
                        "python3 -c 'import os, signal; os.kill(-1, signal.SIGSTOP); os.kill(-1, signal.SIGCONT)'",
                        "strace -p 1 -o /dev/null || gdb -p 1 -batch || false"):
-            await agent.exec(attack, timeout=30)
+            try:
+                await agent.exec(attack, timeout=30)
+            except OrchardError as exc:
+                # `kill -KILL -1` also kills the workload's spawner (it lives in the workload), at times
+                # before the spawner has answered with the pid of the very command that killed it: that one
+                # exec is then an error saying so. The agent itself is untouched (checked below).
+                assert "spawner exited while it started the command" in str(exc), (attack, exc)
             assert host_status(agent_pid)["State"].split()[0] in ("S", "R"), attack
             assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n", attack
         assert process_alive(init_pid)

@@ -145,6 +145,9 @@ def _serve(requests: socket.socket, events: socket.socket):
                 if message.pop("same_env", False):
                     message["env"] = last_env
                 last_env = message.get("env")
+                # Taken, before anything starts: a spawner that dies before this answer started nothing, so
+                # the agent may send the command to a new one (the workload can kill us at any moment).
+                send(requests, {"taken": message["id"]})
                 answer, pidfd = _spawn(message, fds, selector, adj_fd, own_adj)
                 send(requests, answer, [pidfd] if pidfd is not None else ())
             else:

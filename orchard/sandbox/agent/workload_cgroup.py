@@ -131,6 +131,13 @@ def _ensure():
     return _current
 
 
+class SpawnerGone(OSError):
+    """The spawner had exited before it took a command: the command did not start anywhere."""
+
+    def __init__(self):
+        super().__init__("the workload's spawner has exited; it is replaced at the next command")
+
+
 class _Spawner:
     def __init__(self):
         self.alive = True
@@ -180,16 +187,32 @@ class _Spawner:
         else:
             message["env"] = None if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
             self.last_env = None if env is None else dict(env)
+        # The spawner lives in the workload, which may kill it at any moment (`kill -KILL -1`); its death
+        # also closes `requests` under us (the events reader's _kill), hence any OSError means "gone".
         try:
             forkserver.send(self.requests, message, fds)
+            taken, _ = forkserver.receive(self.requests)
+        except socket.timeout:  # TimeoutError from Python 3.10 on
+            self._kill()
+            raise OSError("the workload's spawner did not answer (stopped?); it is replaced at the next "
+                          "command") from None
+        except (OSError, forkserver.ProtocolError, ValueError):
+            taken = None
+        if taken is None:  # gone before it took the command (it answers that first): nothing started
+            self._kill()
+            raise SpawnerGone()
+        try:
             answer, got = forkserver.receive(self.requests)
-        except (OSError, forkserver.ProtocolError, ValueError) as exc:
+        except socket.timeout:  # TimeoutError from Python 3.10 on
             self._kill()
-            raise OSError("the workload's spawner did not answer (%s); it is replaced at the next "
-                          "command" % (exc or type(exc).__name__)) from None
-        if answer is None:
+            raise OSError("the workload's spawner did not answer (stopped?); it is replaced at the next "
+                          "command") from None
+        except (OSError, forkserver.ProtocolError, ValueError):
+            answer = None
+        if answer is None:  # e.g. the command itself killed it before its pid was sent
             self._kill()
-            raise OSError("the workload's spawner has exited; it is replaced at the next command")
+            raise OSError("the workload's spawner exited while it started the command; it is replaced at "
+                          "the next command")
         if "pid" not in answer or len(got) != 1:
             for fd in got:
                 os.close(fd)
@@ -319,7 +342,11 @@ class WorkloadPopen(subprocess.Popen):
         try:
             with _lock:
                 spawner = _ensure()
-                spawn_id, self._pidfd = spawner.spawn(message, fds)
+                try:
+                    spawn_id, self._pidfd = spawner.spawn(dict(message), fds)
+                except SpawnerGone:  # killed before it took the command: a new one starts it, once
+                    spawner = _ensure()
+                    spawn_id, self._pidfd = spawner.spawn(dict(message), fds)
                 self._spawner = spawner
                 try:
                     self.pid = _agent_pid(self._pidfd)
