@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,14 +54,15 @@ class Dialect(Protocol):
     def no_tool_call_message(self) -> str | None: ...
 
 
-class _TemplatedDialect:
+class _TemplatedDialect(ABC):
     """A harness whose prompts this process renders (react, mini-swe-agent): a system and a task message."""
 
     ends_on_reply = False
     tool_definitions: list[dict[str, Any]]
 
+    @abstractmethod
     def prompts(self, task_id: str, instruction: str, workdir: str) -> tuple[str, str]:
-        raise NotImplementedError
+        """The system and the task message, as the harness renders them."""
 
     def initial_messages(self, task_id: str, instruction: str, workdir: str) -> tuple[list[dict[str, Any]],
                                                                                       list[dict[str, Any]]]:
