@@ -128,6 +128,12 @@ ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
 }
 
 
+def exception_text(exc: BaseException) -> str:
+    """An exception's message, or its type's name when the message is empty (an exception object is
+    always true, so `exc or type(exc).__name__` would print nothing for `ConnectError("")`)."""
+    return str(exc).strip() or type(exc).__name__
+
+
 def error_from_code(code: str, message: str) -> OrchardError:
     """Rebuild a typed error from a wire `{"error": code, "message": ...}` body."""
     return ERRORS_BY_CODE.get(code, OrchardError)(message)

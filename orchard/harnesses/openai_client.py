@@ -20,6 +20,7 @@ from orchard.core.errors import (
     ModelUnreachable,
     OrchardError,
     error_from_code,
+    exception_text,
 )
 from orchard.core.harness import ModelConfig
 from orchard.core.trajectory import Metrics, ToolCall
@@ -147,7 +148,7 @@ class ChatClient:
             raise ModelUnreachable(f"{where} did not answer within {self.model.timeout_s:g} s; check that it is "
                                    "up and not overloaded, or raise ModelConfig.timeout_s") from None
         except httpx.TransportError as exc:
-            raise ModelUnreachable(f"cannot reach {where}: {exc or type(exc).__name__}; check that the gateway "
+            raise ModelUnreachable(f"cannot reach {where}: {exception_text(exc)}; check that the gateway "
                                    "(or model server) is running and that base_url is right") from None
         if response.status_code >= 400:
             raise _http_error(response, where)

@@ -22,7 +22,7 @@ import httpx
 
 from orchard.core.errors import (
     AuthError, ExecTimeout, InvalidRequest, NotFound, OrchardError, PayloadTooLarge, SandboxLost,
-    error_from_code,
+    error_from_code, exception_text,
 )
 from orchard.core.sandbox import (
     DOWNLOAD_MAX_BYTES,
@@ -74,10 +74,6 @@ def _transport_for(agent_url: str) -> tuple[httpx.AsyncHTTPTransport, str]:
     if agent_url.startswith("https://"):
         return httpx.AsyncHTTPTransport(), agent_url.rstrip("/")
     raise InvalidRequest(f"agent_url {agent_url!r} is neither unix:///abs/path.sock nor http://host:port")
-
-
-def _describe(exc: Exception) -> str:
-    return str(exc) or type(exc).__name__
 
 
 def _exec_body(command: str | list[str], cwd: str | None, env: dict[str, str] | None, stdin: str | None,
@@ -330,12 +326,12 @@ class AgentSandbox:
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 # Nothing reached the agent, so trying again cannot run anything twice.
                 if delay is None:
-                    raise self._lost(f"could not be reached ({_describe(exc)})") from exc
+                    raise self._lost(f"could not be reached ({exception_text(exc)})") from exc
                 await asyncio.sleep(delay)
             except httpx.TimeoutException as exc:
                 raise self._lost(f"did not answer in time ({type(exc).__name__})") from exc
             except httpx.TransportError as exc:
-                raise self._lost(f"dropped the connection ({_describe(exc)})") from exc
+                raise self._lost(f"dropped the connection ({exception_text(exc)})") from exc
         if resp.status_code >= 400:
             if not stream:
                 raise self._error_from(resp, resp.content)
@@ -374,7 +370,7 @@ class AgentSandbox:
         except httpx.TimeoutException as exc:
             raise self._lost(f"stopped answering in the middle of a response ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
-            raise self._lost(f"dropped the connection in the middle of a response ({_describe(exc)})"
+            raise self._lost(f"dropped the connection in the middle of a response ({exception_text(exc)})"
                              ) from exc
 
     @staticmethod
