@@ -4,16 +4,24 @@ transformers' eager model spends most of a one-token decode step around its matr
 dozen small ops, a `torch.cat` that copies the whole KV cache on every token, an attention call sized for
 long queries. Here the same weights run with:
 
-- the query/key/value projections fused into one matrix and gate/up into another (two matrix-vector
-  products fewer per layer);
-- a KV cache preallocated per conversation and written in place (`LeanCache`, grown by doubling; `crop`
-  as transformers' `DynamicCache`, so kv_decode.py's prefix cache keeps working);
-- one-token attention as two small batched products over the cached keys and values (grouped-query heads
-  share their key/value head without copies), causal SDPA for a prompt chunk;
+- the query/key/value projections fused into one matrix and gate/up into another (two matrix products
+  fewer per layer), the MLP's SiLU and product in place;
+- the rotary embedding as one complex multiplication over the queries and keys together: the query and key
+  rows of each head are stored with their two rotated halves interleaved (dimension i beside i + d/2), a
+  permutation of both sides of every query-key dot product, so attention computes the same scores;
+- a KV cache preallocated per conversation and written in place (`LeanCache`, grown by doubling, room for
+  the whole request reserved up front; `crop` as transformers' `DynamicCache`, so kv_decode.py's prefix
+  cache keeps working), in `dtype`;
+- attention as `scaled_dot_product_attention` over the cache (grouped-query heads share their key/value
+  head without copies): causal for a prompt chunk, one query for a decode step;
 - the layers' weights in `dtype`: bfloat16 halves the bytes they cost per token and uses the CPU's bf16
-  units (AMX, AVX512-BF16) for prompts, where plain float32 cannot; the residual stream, the norms, the
-  rotary embedding, one-token attention, the KV cache and the output projection (logits) stay float32;
-  a prompt chunk's attention, most of its reading time, runs in `dtype` too.
+  units (AMX, AVX512-BF16) for prompts, where plain float32 cannot; the residual stream, the norms and the
+  rotary embedding stay float32;
+- the output projection (logits) of the last position only: in float32 for `dtype=float32`; in bfloat16
+  the whole vocabulary is scored with bf16 weights (a third of float32's time per token), then the
+  `REFINED` best-scored tokens are scored again in float32 and replace their bf16 logits, so the greedy
+  choice and the likely tokens' logprobs are float32's (a bf16 logit is off by up to ~0.1 at SmolLM2's
+  logit sizes, enough to flip a first token as plain as the capital of France).
 
 With `dtype=torch.float32` it computes what the transformers model computes (logprobs agree to ~1e-5,
 greedy ids match: tests/test_lean_llama.py). With bfloat16 a logprob moves by up to ~0.1 and a greedy
@@ -33,6 +41,8 @@ import torch.nn.functional as F
 
 SUPPORTED = ("LlamaForCausalLM",)
 _INITIAL_CAPACITY = 256
+_DECODE_HEADROOM = 256  # positions reserved past a request's prompt, so that decoding rarely grows the cache
+REFINED = 64  # bf16 logits: how many of the best-scored tokens are scored again in float32
 
 
 class UnsupportedModel(ValueError):
@@ -45,14 +55,16 @@ class LeanOutput:
 
 
 class LeanCache:
-    """The keys and values of one conversation: [layers, kv_heads, capacity, head_dim] each, the first
-    `length` positions filled."""
+    """The keys and values of one conversation: [layers, kv_heads, capacity, head_dim] each, in the weights'
+    dtype, the first `length` positions filled. The keys' head dimensions are in the interleaved order of
+    LeanLlama's query/key rows."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int) -> None:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32) -> None:
         self._shape = (layers, kv_heads, head_dim)
+        self.dtype = dtype
         self.length = 0
-        self.keys = torch.empty(0)
-        self.values = torch.empty(0)
+        self.keys = torch.empty(0, dtype=dtype)
+        self.values = torch.empty(0, dtype=dtype)
         self._allocate(_INITIAL_CAPACITY)
 
     @property
@@ -61,8 +73,8 @@ class LeanCache:
 
     def _allocate(self, capacity: int) -> None:
         layers, heads, dim = self._shape
-        keys = torch.empty(layers, heads, capacity, dim)
-        values = torch.empty(layers, heads, capacity, dim)
+        keys = torch.empty(layers, heads, capacity, dim, dtype=self.dtype)
+        values = torch.empty(layers, heads, capacity, dim, dtype=self.dtype)
         if self.length:
             keys[:, :, :self.length] = self.keys[:, :, :self.length]
             values[:, :, :self.length] = self.values[:, :, :self.length]
@@ -104,20 +116,27 @@ class LeanLlama:
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
         self.context_length = int(config.max_position_embeddings)
+        half = self.head_dim // 2
         with torch.no_grad():
             inner = model.model
-            self.embedding = inner.embed_tokens.weight.detach().float()
-            self.layers = [_Layer.of(layer, dtype) for layer in inner.layers]
-            self.norm = inner.norm.weight.detach().float()
-            # float32 even in bf16: the logits' error would be bf16's ~0.4% of each logit (a flipped
-            # first token on a question as plain as the capital of France); tied weights share the embedding's
-            self.lm_head = model.lm_head.weight.detach().float()
             positions = torch.arange(self.context_length)[None]
-            cos, sin = inner.rotary_emb(self.embedding[:1], positions)
-            self.cos, self.sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+            cos, sin = inner.rotary_emb(inner.embed_tokens.weight[:1].float(), positions)
+            cos, sin = cos[0].float(), sin[0].float()
+            if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
+                raise UnsupportedModel("the lean forward pass implements rotary embeddings that turn dimensions "
+                                       "i and i + head_dim/2 by the same angle (Llama's rotate_half); use the "
+                                       "transformers engine for this model")
+            # position p turns the pair (x[i], x[i + d/2]) by its angle: one complex factor per pair
+            self.rotation = torch.complex(cos[:, :half].contiguous(), sin[:, :half].contiguous())
+            self.embedding = inner.embed_tokens.weight.detach().float()
+            self.layers = [_Layer.of(layer, dtype, self.heads, self.kv_heads, self.head_dim) for layer in inner.layers]
+            self.norm = inner.norm.weight.detach().float()
+            # tied weights share the embedding's; float32 is kept for the refinement (and is all of it in float32)
+            self.lm_head = model.lm_head.weight.detach().float()
+            self.lm_head_low = self.lm_head.to(dtype) if dtype != torch.float32 else None
 
     def new_cache(self) -> LeanCache:
-        return LeanCache(len(self.layers), self.kv_heads, self.head_dim)
+        return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
 
     def __call__(self, *, input_ids: torch.Tensor, cache: LeanCache, **_: Any) -> LeanOutput:
         """Read `input_ids` [1, T] after the cached positions; the logits of the last one. The last token always
@@ -125,54 +144,54 @@ class LeanLlama:
         the same bits whether its prompt was read whole or all but its last token came from the cache."""
         ids = input_ids[0]
         if ids.shape[0] > 1:
+            cache.reserve(ids.shape[0] + _DECODE_HEADROOM)
             self._forward(ids[:-1], cache)
         hidden = self._forward(ids[-1:], cache)
-        last = F.rms_norm(hidden, (hidden.shape[-1],), self.norm, self.eps)
-        return LeanOutput(logits=_project(last, self.lm_head)[None])
+        return LeanOutput(logits=self._logits(F.rms_norm(hidden, (hidden.shape[-1],), self.norm, self.eps))[None])
+
+    def _logits(self, last: torch.Tensor) -> torch.Tensor:
+        """[1, vocab] float32 logits of the final-normed hidden state `last` [1, hidden]."""
+        if self.lm_head_low is None:
+            return _project(last, self.lm_head)
+        logits = torch.mv(self.lm_head_low, last[0].to(self.dtype)).float()
+        best = logits.topk(REFINED).indices
+        logits[best] = torch.mv(self.lm_head[best], last[0])
+        return logits[None]
 
     def _forward(self, ids: torch.Tensor, cache: LeanCache) -> torch.Tensor:
         count, start = ids.shape[0], cache.length
         if start + count > self.context_length:
             raise ValueError(f"{start + count} positions exceed the model's context of {self.context_length}")
         cache.reserve(count)
-        hidden = self.embedding[ids]  # [T, hidden], float32
-        cos, sin = self.cos[start:start + count], self.sin[start:start + count]
+        hidden = self.embedding[ids]  # [T, hidden], float32 (a copy: the residual stream is updated in place)
+        rotation = self.rotation[start:start + count, None]  # [T, 1, d/2]
         mask = None
         if count > 1 and start:  # a chunk after cached positions: position i sees keys 0 .. start + i
             mask = torch.ones(count, start + count, dtype=torch.bool).tril(diagonal=start)
         for index, layer in enumerate(self.layers):
-            hidden = hidden + self._attention(layer, index, hidden, cache, start, cos, sin, mask)
-            hidden = hidden + layer.mlp(F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps), self.dtype)
+            hidden += self._attention(layer, index, hidden, cache, start, rotation, mask)
+            hidden += layer.mlp(F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps).to(self.dtype))
         cache.length = start + count
         return hidden
 
     def _attention(self, layer: "_Layer", index: int, hidden: torch.Tensor, cache: LeanCache, start: int,
-                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+                   rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         count, dim = hidden.shape[0], self.head_dim
         x = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps).to(self.dtype)
         qkv = _project(x, layer.qkv).float()
-        q_size, kv_size = self.heads * dim, self.kv_heads * dim
-        q = _rotate(qkv[:, :q_size].view(count, self.heads, dim), cos, sin)
-        k = _rotate(qkv[:, q_size:q_size + kv_size].view(count, self.kv_heads, dim), cos, sin)
-        v = qkv[:, q_size + kv_size:].view(count, self.kv_heads, dim)
+        rotated_heads, q_size = self.heads + self.kv_heads, self.heads * dim
+        pairs = torch.view_as_complex(qkv[:, :rotated_heads * dim].view(count, rotated_heads, dim // 2, 2))
+        qk = torch.view_as_real(pairs * rotation).view(count, rotated_heads, dim)  # [T, heads + kv, d]
         end = start + count
-        cache.keys[index, :, start:end] = k.transpose(0, 1)
-        cache.values[index, :, start:end] = v.transpose(0, 1)
-        keys, values = cache.keys[index, :, :end], cache.values[index, :, :end]  # [kv, L, d]
-        group = self.heads // self.kv_heads
-        if count == 1:  # one query per head: [kv, group, d] x [kv, d, L]
-            query = q[0].view(self.kv_heads, group, dim)
-            scores = torch.bmm(query, keys.transpose(1, 2)) * self.scale
-            out = torch.bmm(torch.softmax(scores, dim=-1), values)  # [kv, group, d]
-            out = out.reshape(1, self.heads * dim)
-        else:
-            # a prompt chunk's attention is most of its reading time: in the weights' dtype (AMX for bf16)
-            query = q.transpose(0, 1)[None].to(self.dtype)  # [1, heads, T, d]
-            out = F.scaled_dot_product_attention(query, keys[None].to(self.dtype), values[None].to(self.dtype),
-                                                 attn_mask=mask, is_causal=mask is None, scale=self.scale,
-                                                 enable_gqa=True)
-            out = out[0].transpose(0, 1).reshape(count, self.heads * dim)
-        return _project(out.to(self.dtype), layer.o_proj).float()
+        cache.keys[index, :, start:end] = qk[:, self.heads:].transpose(0, 1)
+        cache.values[index, :, start:end] = qkv[:, q_size + self.kv_heads * dim:].view(
+            count, self.kv_heads, dim).transpose(0, 1)
+        keys, values = cache.keys[index, :, :end][None], cache.values[index, :, :end][None]  # [1, kv, L, d]
+        query = qk[:, :self.heads].transpose(0, 1)[None].to(self.dtype)  # [1, heads, T, d]
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask,
+                                             is_causal=count > 1 and mask is None, scale=self.scale,
+                                             enable_gqa=True)
+        return _project(out[0].transpose(0, 1).reshape(count, self.heads * dim), layer.o_proj)
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -183,11 +202,11 @@ def _project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding as transformers' Llama applies it: x * cos + rotate_half(x) * sin; x [T, heads, d]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+def _interleaved(weight: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """A query or key projection's rows, per head, in the order 0, d/2, 1, d/2 + 1, ...: each rotated pair
+    side by side, as the complex view of the rotary embedding reads them."""
+    order = torch.arange(dim).view(2, dim // 2).t().reshape(dim)
+    return weight.view(heads, dim, -1)[:, order].reshape(heads * dim, -1)
 
 
 @dataclass
@@ -200,17 +219,19 @@ class _Layer:
     down: torch.Tensor
 
     @classmethod
-    def of(cls, layer: Any, dtype: torch.dtype) -> "_Layer":
+    def of(cls, layer: Any, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> "_Layer":
         attention, mlp = layer.self_attn, layer.mlp
         weight = lambda module: module.weight.detach()  # noqa: E731
         return cls(input_norm=weight(layer.input_layernorm).float(),
-                   qkv=torch.cat([weight(attention.q_proj), weight(attention.k_proj),
+                   qkv=torch.cat([_interleaved(weight(attention.q_proj), heads, dim),
+                                  _interleaved(weight(attention.k_proj), kv_heads, dim),
                                   weight(attention.v_proj)]).to(dtype).contiguous(),
                    o_proj=weight(attention.o_proj).to(dtype).contiguous(),
                    post_norm=weight(layer.post_attention_layernorm).float(),
                    gate_up=torch.cat([weight(mlp.gate_proj), weight(mlp.up_proj)]).to(dtype).contiguous(),
                    down=weight(mlp.down_proj).to(dtype).contiguous())
 
-    def mlp(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        gate, up = _project(x.to(dtype), self.gate_up).chunk(2, dim=-1)
-        return _project(F.silu(gate) * up, self.down).float()
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x)) of `x` in the weights' dtype, in its dtype."""
+        gate, up = _project(x, self.gate_up).chunk(2, dim=-1)
+        return _project(F.silu(gate, inplace=True).mul_(up), self.down)
