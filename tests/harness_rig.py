@@ -34,6 +34,12 @@ from orchard.util.uvicorn_thread import ServerThread
 
 SWE_MINI_DIR = Path(__file__).resolve().parents[1] / "eval" / "swe-mini"
 POLICY = "policy"  # the gateway alias the harnesses are given as their model
+# The swe-mini tasks a harness's oracle test runs: the oracle plays every task the same way (apply the reference
+# patch, show the diff, submit), so what differs between tasks is only the patch's text, which the harness's own
+# tool must carry intact; these three hold every kind of character that could be mangled on the way ($, `, \,
+# quotes, !, non-ASCII). The whole suite runs end to end once, through mini-swe-agent's own CLI
+# (tests/test_harness_cli.py).
+ORACLE_SAMPLE = ["orchard__envfile-47", "orchard__pinspec-41", "orchard__inkpost-219"]
 START_TIMEOUT_S = 30
 
 

@@ -1,8 +1,8 @@
 """The `kimi-cli` harness with the real Kimi-CLI 1.51.0 from its harness bundle (built once per session, the
 downloads shared) in real embedded sandboxes, through the real evaluator and its gateway: driven by the oracle
-(the swe-mini suite, 14 tasks at once) and by the scripted model server (a subagent and a compaction, a run
-killed mid-command, a crash, failed model calls). Each trajectory is checked against the gateway's records
-(no step invented) and exported to ATIF."""
+(three swe-mini tasks at once, ORACLE_SAMPLE: their patches hold every awkward character) and by the scripted
+model server (a subagent and a compaction, a run killed mid-command, a crash, failed model calls). Each
+trajectory is checked against the gateway's records (no step invented) and exported to ATIF."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from orchard.eval.suites import load_suite
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.harnesses.kimi_cli.convert import KimiLog, parse_jsonl, trajectory_from_log
 from tests.atif_spec import validate_atif
-from tests.harness_rig import SCRIPTED, scripted_config
+from tests.harness_rig import ORACLE_SAMPLE, SCRIPTED, scripted_config
 
 pytestmark = pytest.mark.slow
 TASK = "orchard__pagekit-112"
@@ -72,9 +72,10 @@ def _own_agent_steps(trajectory: Trajectory):
 
 async def test_the_oracle_resolves_swe_mini_through_kimis_own_shell_tool(home, tmp_path):
     out = tmp_path / "oracle"
-    results = await run_eval(harness="kimi-cli", model="oracle", suite="swe-mini", out_dir=out, parallel=8,
-                             gateway_config=GatewayConfig(), backend="local")
-    assert [row.status for row in results.tasks] == ["resolved"] * 14, [row.error for row in results.tasks]
+    results = await run_eval(harness="kimi-cli", model="oracle", suite="swe-mini", task_ids=ORACLE_SAMPLE,
+                             out_dir=out, parallel=len(ORACLE_SAMPLE), gateway_config=GatewayConfig(), backend="local")
+    assert [row.status for row in results.tasks] == ["resolved"] * len(ORACLE_SAMPLE), [r.error for r in results.tasks]
+    assert sorted(row.task_id for row in results.tasks) == sorted(ORACLE_SAMPLE)
     for trajectory in _trajectories(out):
         assert trajectory.exit_status == "submitted"
         assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["Shell"] * 3

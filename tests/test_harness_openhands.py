@@ -1,9 +1,9 @@
 """The `openhands` harness with the real OpenHands SDK 1.58.2 from its harness bundle (built once per session,
 the downloads shared) in real embedded sandboxes, through the real evaluator and its gateway: driven by the
-oracle (the swe-mini suite, 14 tasks at once, through OpenHands' own `terminal` and `finish`) and by the
-scripted model server (parallel tool calls and `file_editor`; a driver hanging past its timeout, one killed
-mid-run, a crash, failed model calls). Each trajectory is checked against the gateway's records (no step
-invented) and exported to ATIF."""
+oracle (three swe-mini tasks at once, ORACLE_SAMPLE: their patches hold every awkward character; through
+OpenHands' own `terminal` and `finish`) and by the scripted model server (parallel tool calls and
+`file_editor`; a driver hanging past its timeout, one killed mid-run, a crash, failed model calls). Each
+trajectory is checked against the gateway's records (no step invented) and exported to ATIF."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from tests.atif_spec import validate_atif
-from tests.harness_rig import SCRIPTED, scripted_config
+from tests.harness_rig import ORACLE_SAMPLE, SCRIPTED, scripted_config
 
 pytestmark = pytest.mark.slow
 TASK = "orchard__pagekit-112"
@@ -70,9 +70,10 @@ def check_fidelity(trajectory: Trajectory) -> None:
 
 async def test_the_oracle_resolves_swe_mini_through_openhands_own_tools(home, tmp_path):
     out = tmp_path / "oracle"
-    results = await run_eval(harness="openhands", model="oracle", suite="swe-mini", out_dir=out, parallel=8,
-                             gateway_config=GatewayConfig(), backend="local")
-    assert [row.status for row in results.tasks] == ["resolved"] * 14, [row.error for row in results.tasks]
+    results = await run_eval(harness="openhands", model="oracle", suite="swe-mini", task_ids=ORACLE_SAMPLE,
+                             out_dir=out, parallel=len(ORACLE_SAMPLE), gateway_config=GatewayConfig(), backend="local")
+    assert [row.status for row in results.tasks] == ["resolved"] * len(ORACLE_SAMPLE), [r.error for r in results.tasks]
+    assert sorted(row.task_id for row in results.tasks) == sorted(ORACLE_SAMPLE)
     for trajectory in _trajectories(out):
         assert trajectory.exit_status == "submitted" and not trajectory.partial
         assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["terminal", "terminal", "finish"]
