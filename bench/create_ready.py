@@ -22,7 +22,7 @@ from orchard.sandbox.backends import local_netns
 
 CREATE_P50_MS = 60.0
 VS_BWRAP_MAX = 3.0  # issue 13: cold create→ready within 3× bubblewrap alone
-ORCHARD_CREATE, ORCHARD_DELETE = "Orchard create→ready", "Orchard delete"
+ORCHARD_CREATE, ORCHARD_DELETE = "Orchard create→ready, agent started by bwrap", "Orchard delete"
 ALLOWLIST_CREATE = "Orchard create→ready, network allowlist"
 # A documentation address: nothing is reached, only the veth pair and the rules are made.
 ALLOWLIST = {"mode": "allowlist", "allow": ["198.51.100.7:80"]}
@@ -66,9 +66,10 @@ def run(ctx: BenchContext) -> Findings:
     bare_agent_starts: list[float] = []
     bwrap_runs: list[float] = []
     zygote_creates: list[float] = []
-    # The agent zygote (docs/local-backend.md#start-path) is root's; its creates alternate with the others.
+    # The agent zygote (docs/local-backend.md#start-path) is root's default; its creates alternate with
+    # those of agents bwrap starts (`zygote: false`, the way without it).
     with_zygote = os.geteuid() == 0
-    with (agent_bundle() as bundle, embedded_orchard() as orchard,
+    with (agent_bundle() as bundle, embedded_orchard(zygote=False) as orchard,
           embedded_orchard(zygote=True) if with_zygote else contextlib.nullcontext() as zygote_orchard,
           Progress(console=ctx.console, transient=True) as progress):
         task = progress.add_task(f"create→ready × {count}", total=warmup + count)
@@ -132,10 +133,10 @@ def run(ctx: BenchContext) -> Findings:
         "user id map and capabilities; as root the id maps written while it waits, as the backend does) "
         "running `true`, from spawn to exit: what isolation costs with no agent, no cgroups and no "
         "bookkeeping (bench/peers/bwrap_alone.py).",
-        "With the zygote (root only; LocalConfig zygote=True), each agent is forked from one interpreter "
-        "that has the agent imported into its sandbox's namespaces once bwrap has made its mounts, instead "
-        "of bwrap starting an interpreter (docs/local-backend.md#start-path); one such create follows each "
-        "plain one.",
+        "With the zygote (root's default; LocalConfig zygote=False turns it off), each agent is forked from "
+        "one interpreter that has the agent imported into its sandbox's namespaces once bwrap has made its "
+        "mounts, instead of bwrap starting an interpreter (docs/local-backend.md#start-path); one such "
+        "create follows each create whose agent bwrap starts.",
         "The agent alone is Orchard's agent, from the same bundle, started straight on the host (no "
         "namespaces, no orchestrator) until its first `/health` answer: the difference to create→ready is "
         "what the sandbox and the orchestrator's bookkeeping add.",

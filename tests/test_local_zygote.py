@@ -21,6 +21,7 @@ from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends import local as local_module
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_state import process_running
+from orchard.sandbox.backends.local_zygote import ENV_AREA_NAME
 from orchard.sandbox.bundle import ensure_agent_bundle
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the zygote is used by root only")
@@ -152,3 +153,34 @@ async def test_sandboxes_outlive_the_zygote_and_a_new_one_replaces_it(backends):
         async with running(backend) as (_, second):
             assert backend._zygote is not zygote and backend._zygote.alive()
             assert (await second.exec("echo second")).stdout == "second\n"
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    data = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(entry.split("=", 1) for entry in data.decode().split("\0") if "=" in entry)
+
+
+async def test_from_the_host_its_processes_show_the_sandboxs_environment_and_commands_rank_first_for_oom(
+        backends):
+    """/proc/PID/environ of the agent, its spawner and the workload's init is the sandbox's environment
+    with either kind (the zygote points its forks' environment area at it), and the zygote's own holds
+    nothing of the orchestrator's. Commands start at oom_score_adj 500 above their spawner's 0 with either
+    kind (a zygote agent's spawner opens its own with the uid owning its /proc files)."""
+    seen = {}
+    for kind, backend in backends.items():
+        async with running(backend, SandboxSpec(env={"SEED": "7"}, memory_mb=256)) as (sb, agent):
+            r = await agent.exec("cat /proc/self/oom_score_adj /proc/$PPID/comm")
+            assert r.stdout.split() == ["500", "orchard-spawner"], (kind, r)
+            agent_pid = sb.handle.get("agent_pid") or local_module.children_of(sb.handle["init_pid"])[0]
+            workload = [p for p in sb.handle["cgroups"] if Path(p).name == "workload"]
+            spawner = [int(p) for p in Path(workload[0], "cgroup.procs").read_text().split()]
+            children = [int(p) for task in Path(f"/proc/{agent_pid}/task").iterdir()
+                        for p in (task / "children").read_text().split()]
+            init = [p for p in children if Path(f"/proc/{p}/comm").read_text().strip() == "orchard-init"]
+            assert len(spawner) == 1 and len(init) == 1, (spawner, init)
+            assert Path(f"/proc/{spawner[0]}/oom_score_adj").read_text().strip() == "0", kind  # (its own)
+            seen[kind] = [environ_of(pid) for pid in (agent_pid, spawner[0], init[0])]
+            assert seen[kind][0]["SEED"] == "7" and seen[kind][0] == seen[kind][1] == seen[kind][2], kind
+    assert seen["zygote"] == seen["classic"]
+    zygote_env = environ_of(backends["zygote"]._zygote.process.pid)
+    assert set(zygote_env) == {"PATH", "PYTHONHOME", "PYTHONPATH", ENV_AREA_NAME}, zygote_env

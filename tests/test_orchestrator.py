@@ -5,7 +5,7 @@ in-process service the embedded SDK uses.
 Every sandbox a test makes carries a unique environment variable (`ORCHARD_TEST_MARK`), so "no process
 left" is checked by looking for the processes of the sandboxes that carry it: those whose environment holds
 it, and those in the cgroups of the sandboxes whose spec holds it (an agent the zygote forked shows the
-zygote's environment in /proc, not the sandbox's)."""
+sandbox's environment in /proc only where it fits the room the zygote keeps for it)."""
 
 from __future__ import annotations
 

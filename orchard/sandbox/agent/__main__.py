@@ -151,7 +151,7 @@ def main(argv=None):
         try:
             why_not = pidns.forked()  # before become(): making the namespace needs CAP_SYS_ADMIN
             identity.become(user, agent_user)
-            why_not = pidns.finish(user, agent_user) or why_not
+            why_not = pidns.finish(user, agent_user, spawners=bool(cgroup_fds)) or why_not
             if why_not:
                 sys.stderr.write("orchard-agent: commands share the agent's pid namespace (%s)\n" % why_not)
         except identity.IdentityError as exc:

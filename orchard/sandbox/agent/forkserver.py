@@ -77,12 +77,19 @@ def _exactly(sock, have: bytes, size: int) -> bytes:
     return b"".join(parts)
 
 
-def main(requests: socket.socket, events: socket.socket):
-    """The spawner's life, in the forked child. Never returns."""
+def main(requests: socket.socket, events: socket.socket, own_fsuid: bool = False):
+    """The spawner's life, in the forked child. Never returns. `own_fsuid`: it was forked with the file
+    system uid of its /proc files' owner (pidns.py `PROC_FSUID`, an agent the zygote forked): it opens
+    its oom_score_adj with it, then takes its own uid's for good, before anything else."""
     status = 0
     try:
-        _set_up(requests.fileno(), events.fileno())
-        _serve(requests, events)
+        adj = _oom_score_adj()
+        if own_fsuid:
+            from . import identity
+
+            identity.take_fsuid(os.getuid())
+        _set_up(requests.fileno(), events.fileno(), adj[0])
+        _serve(requests, events, adj)
     except BaseException:
         # Otherwise the agent sees only a closed socket: say why in the agent's log (stderr stays open).
         import traceback
@@ -105,7 +112,7 @@ def _set_up(*keep):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_DFL)
     low = 3
-    for fd in sorted(keep):
+    for fd in sorted(fd for fd in keep if fd is not None):
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, os.sysconf("SC_OPEN_MAX"))
@@ -129,10 +136,10 @@ def _oom_score_adj():
     return fd, os.pread(fd, 16, 0).strip() or b"0"
 
 
-def _serve(requests: socket.socket, events: socket.socket):
+def _serve(requests: socket.socket, events: socket.socket, adj):
     import selectors
 
-    adj_fd, own_adj = _oom_score_adj()
+    adj_fd, own_adj = adj
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ, None)
     last_env = None

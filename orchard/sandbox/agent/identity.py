@@ -70,16 +70,28 @@ def ulong_type():
     return ulong
 
 
+def take_fsuid(uid: int):
+    """The calling thread's file system uid becomes `uid`, one of its own uids (no capability needed);
+    raises IdentityError when it did not (the previous fsuid is what setfsuid answers)."""
+    libc, _ctypes = _libc(("setfsuid",))
+    libc["setfsuid"](uid)
+    now = libc["setfsuid"](uid)
+    if now != uid:
+        raise IdentityError("could not set the file system uid to %d (it is %d)" % (uid, now))
+
+
 def _status(which: str = "self/status") -> dict:
     with pidns.open_proc(which) as f:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
 
 
-def become(user: str, agent_user: str = None, thread_only: bool = False):
+def become(user: str, agent_user: str = None, thread_only: bool = False, fsuid: int = None):
     """See the module's docstring. Must run before any thread starts (the uid changes are per process,
     the file system ids are inherited by threads started afterwards). `thread_only`: in a thread started
     before (pidns.py's spawner), once the main thread has become the user: capabilities, bounding set and
-    file system ids are per thread, so such a thread sets its own the same way."""
+    file system ids are per thread, so such a thread sets its own the same way. `fsuid` (with
+    `thread_only`, no `agent_user`): the file system uid that thread keeps instead of the user's (pidns.py
+    `PROC_FSUID`: with no capability, it only opens files that uid owns)."""
     uid, gid = parse_ids(user, "--user")
     own_uid, own_gid = parse_ids(agent_user, "--agent-user") if agent_user else (uid, gid)
     libc, _ctypes = _libc()
@@ -109,6 +121,8 @@ def become(user: str, agent_user: str = None, thread_only: bool = False):
         raise IdentityError("cannot become uid %d gid %d: %s (the agent needs CAP_SETUID and CAP_SETGID)"
                             % (own_uid, own_gid, exc.strerror))
     keep = AGENT_CAPS if agent_user else 0
+    if fsuid is not None and not agent_user:
+        libc["setfsuid"](fsuid)  # while CAP_SETUID is still there; checked below
     if agent_user:  # (no uid 0 was involved, so the kernel left the capabilities as they were)
         capset(keep | (1 << CAP_SETPCAP))
     cap = 0
@@ -124,7 +138,8 @@ def become(user: str, agent_user: str = None, thread_only: bool = False):
     status = _status("thread-self/status" if thread_only else "self/status")
     caps = {name: int(status[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
     expected = {"CapInh": 0, "CapPrm": keep, "CapEff": keep, "CapBnd": 0, "CapAmb": 0}
-    ids_ok = (status["Uid"].split() == [str(own_uid)] * 3 + [str(uid)]
+    kept_fsuid = fsuid if fsuid is not None and not agent_user else uid
+    ids_ok = (status["Uid"].split() == [str(own_uid)] * 3 + [str(kept_fsuid)]
               and status["Gid"].split() == [str(own_gid)] * 3 + [str(gid)] and not os.getgroups())
     if caps != expected or not ids_ok:
         raise IdentityError("could not set the agent's identity: ids %s / %s, capabilities %s (expected "

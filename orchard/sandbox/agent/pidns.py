@@ -56,6 +56,8 @@ INIT_NAME = b"orchard-init"
 
 SEPARATE = False  # the workload runs in a pid namespace of its own
 INIT_PID = None  # its init, as the agent sees it
+# The file system uid the spawner thread keeps instead of the commands' (None: theirs), see `finish`.
+PROC_FSUID = None
 _PROC_FD = None  # the agent's own /proc, from before /proc shows the workload's namespace
 
 
@@ -97,15 +99,29 @@ def forked():
     return _give_up_unless(lambda spawner: spawner.forked)
 
 
-def finish(user: str, agent_user: str = None):
+def finish(user: str, agent_user: str = None, spawners: bool = False):
     """After the main thread's `identity.become`: wait for the init's set-up (None, else why it failed:
     the agent then goes on as before), then the spawner drops its own capabilities and sets its file system
-    ids the same way (they are per thread). Raises what that raised."""
+    ids the same way (they are per thread). Raises what that raised.
+
+    One exception: where the agent's /proc files (and so those of every process it forks, the workload's
+    spawners included) belong to another uid than the commands' one, the spawner thread keeps that uid as
+    its file system uid (`PROC_FSUID`), with no capability. That is an agent the zygote forked: its memory
+    map was made by an exec on the host, so a non-dumpable process of it is owned by the host's root
+    (uid 65535 here), not by the sandbox's. A spawner forked from that thread can then open its own
+    oom_score_adj (workload_cgroup.py) before it takes the commands' uid for good. Only with `spawners`
+    (the workload's cgroup descriptors were given); and a command the thread starts itself (`popen`)
+    makes it take the commands' file system uid for good first."""
+    global PROC_FSUID
     from . import identity
 
     why_not = _give_up_unless(lambda spawner: spawner.ready)
     if why_not is None and _spawner is not None:
-        _spawner.run(lambda: identity.become(user, agent_user, thread_only=True))
+        owner = os.stat("self/oom_score_adj", dir_fd=_PROC_FD).st_uid  # non-dumpable since become()
+        uid, _ = identity.parse_ids(user, "--user")
+        fsuid = owner if owner != uid and spawners and not agent_user else None
+        _spawner.run(lambda: identity.become(user, agent_user, thread_only=True, fsuid=fsuid))
+        PROC_FSUID = fsuid
     return why_not
 
 
@@ -120,7 +136,7 @@ def _give_up_unless(step):
     if _spawner.error is None:
         return None
     _spawner.thread.join()
-    why_not, _spawner = str(_spawner.error) or type(_spawner.error).__name__, None
+    why_not, _spawner = _text(_spawner.error), None
     return why_not
 
 
@@ -131,7 +147,19 @@ def popen(*args, **kwargs):
     """subprocess.Popen, in the workload's namespace when there is one (see `_Spawner`)."""
     if _spawner is None:
         return subprocess.Popen(*args, **kwargs)
-    return _spawner.run(lambda: subprocess.Popen(*args, **kwargs))
+    return _spawner.run(lambda: _as_commands(subprocess.Popen, *args, **kwargs))
+
+
+def _as_commands(start, *args, **kwargs):
+    """On the spawner thread: `start`, with the commands' file system uid (a child inherits the thread's
+    until its exec: its chdir and the exec's own checks must be the commands')."""
+    global PROC_FSUID
+    if PROC_FSUID is not None:
+        from . import identity
+
+        identity.take_fsuid(os.getuid())
+        PROC_FSUID = None
+    return start(*args, **kwargs)
 
 
 class _Spawner:
@@ -266,7 +294,7 @@ def _init(user: str, own_uid: bool, ready_w: int):
         os.close(ready_w)
     except BaseException as exc:
         try:
-            os.write(ready_w, str(exc).encode("utf-8", "replace")[:4000] or type(exc).__name__.encode())
+            os.write(ready_w, _text(exc).encode("utf-8", "replace")[:4000])
         finally:
             os._exit(1)
     while True:
@@ -276,6 +304,12 @@ def _init(user: str, own_uid: bool, ready_w: int):
         except ChildProcessError:
             pass
         signal.sigwait({signal.SIGCHLD})  # blocked, so one arriving since the waitpid is pending
+
+
+def _text(exc: BaseException) -> str:
+    """What happened: the exception's type and message (its type alone when the message is empty)."""
+    message = str(exc).strip()
+    return "%s: %s" % (type(exc).__name__, message) if message else type(exc).__name__
 
 
 def watch_init():

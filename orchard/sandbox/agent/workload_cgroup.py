@@ -154,7 +154,7 @@ class _Spawner:
             if pid == 0:
                 mine.close()
                 events.close()
-                forkserver.main(theirs, their_events)
+                forkserver.main(theirs, their_events, own_fsuid=pidns.PROC_FSUID is not None)
             return pid
 
         try:
@@ -189,26 +189,11 @@ class _Spawner:
             self.last_env = None if env is None else dict(env)
         # The spawner lives in the workload, which may kill it at any moment (`kill -KILL -1`); its death
         # also closes `requests` under us (the events reader's _kill), hence any OSError means "gone".
-        try:
-            forkserver.send(self.requests, message, fds)
-            taken, _ = forkserver.receive(self.requests)
-        except socket.timeout:  # TimeoutError from Python 3.10 on
-            self._kill()
-            raise OSError("the workload's spawner did not answer (stopped?); it is replaced at the next "
-                          "command") from None
-        except (OSError, forkserver.ProtocolError, ValueError):
-            taken = None
+        taken, _ = self._answer(lambda: forkserver.send(self.requests, message, fds))
         if taken is None:  # gone before it took the command (it answers that first): nothing started
             self._kill()
             raise SpawnerGone()
-        try:
-            answer, got = forkserver.receive(self.requests)
-        except socket.timeout:  # TimeoutError from Python 3.10 on
-            self._kill()
-            raise OSError("the workload's spawner did not answer (stopped?); it is replaced at the next "
-                          "command") from None
-        except (OSError, forkserver.ProtocolError, ValueError):
-            answer = None
+        answer, got = self._answer()
         if answer is None:  # e.g. the command itself killed it before its pid was sent
             self._kill()
             raise OSError("the workload's spawner exited while it started the command; it is replaced at "
@@ -221,6 +206,20 @@ class _Spawner:
             raise OSError("the workload's spawner could not start the command: %s"
                           % answer.get("error", "no pidfd came with its answer"))
         return self.next_id, got[0]
+
+    def _answer(self, before=None):
+        """The spawner's next message (after `before`): (message, fds), or (None, []) when it is gone;
+        raises OSError, having killed it, when it did not answer in time (stopped by the workload)."""
+        try:
+            if before is not None:
+                before()
+            return forkserver.receive(self.requests)
+        except socket.timeout:  # TimeoutError from Python 3.10 on
+            self._kill()
+            raise OSError("the workload's spawner did not answer (stopped?); it is replaced at the next "
+                          "command") from None
+        except (OSError, forkserver.ProtocolError, ValueError):
+            return None, []
 
     def _read_events(self):
         try:

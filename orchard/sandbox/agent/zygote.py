@@ -136,6 +136,7 @@ def _enter(request: dict, fds: list, control: socket.socket):
             import resource
 
             resource.setrlimit(resource.RLIMIT_NPROC, (request["nproc"], request["nproc"]))
+        _show_environment({**request["env"], "PWD": request["cwd"]})  # bwrap sets PWD where it starts the agent
         init_pid = request["init_pid"]
         _wait_blocked(init_pid, request["block_fd"])
         # The host's view of the init, kept open: after setns the mount namespace's /proc is the sandbox's.
@@ -178,6 +179,25 @@ def _enter(request: dict, fds: list, control: socket.socket):
         control.send(json.dumps({"agent_pid": int(adopted[0])}).encode())
     except BaseException as exc:
         control.send(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}).encode())
+
+
+def _show_environment(env: dict):
+    """Write the sandbox's environment over this process's environment area (what /proc/PID/environ
+    shows: the kernel sets it at exec, and the zygote's holds the bundle's host paths), so that the agent
+    and everything it forks without an exec (its spawner, the workload's init) show the sandbox's
+    environment, as when bwrap started the agent. Moving the area needs CAP_SYS_RESOURCE of the host, so
+    it is written in place: the backend starts the zygote with room for it (ENV_AREA), and the rest is
+    zeroed. An environment larger than the area leaves it as it is (the zygote's: no secret in it)."""
+    data = b"".join(b"%s=%s\0" % (os.fsencode(k), os.fsencode(v)) for k, v in env.items())
+    with open("/proc/self/stat", "rb") as f:
+        stat = f.read()
+    start, end = (int(field) for field in stat[stat.rfind(b")") + 2:].split()[47:49])  # fields 50 and 51
+    if len(data) > end - start:
+        return
+    libc, _ctypes = identity._libc(("memcpy", "clearenv"))
+    libc["clearenv"]()  # the C library's pointers into the area (the agent sets its own environment)
+    ulong = identity.ulong_type()
+    libc["memcpy"](ulong(start), data.ljust(end - start, b"\0"), ulong(end - start))
 
 
 def _run_agent(request: dict, fds: list):

@@ -76,7 +76,7 @@ class LocalBackend:
     `agent_apart` (default: `ORCHARD_LOCAL_AGENT_APART=1` in the environment, else off; root only): the
     agent runs as a uid of its own that the workload cannot signal, at the price of a fork instead of a
     vfork per command (~0.5-1 ms more exec latency); see docs/local-backend.md#user-ids.
-    `zygote` (default: `ORCHARD_LOCAL_ZYGOTE=1` in the environment, else off; root only): agents are
+    `zygote` (root only; default on, off with `ORCHARD_LOCAL_ZYGOTE=0` in the environment): agents are
     forked from one pre-started interpreter into their sandboxes instead of each starting its own; see
     docs/local-backend.md#start-path."""
 

@@ -33,7 +33,7 @@ class LocalConfig(BackendConfig):
                                                          f"{AGENT_APART_ENV}=1); see docs/local-backend.md")
     zygote: bool | None = Field(default=None, description="fork each agent from one pre-started interpreter "
                                                           "instead of starting one per sandbox (root only; "
-                                                          f"default {ZYGOTE_ENV}=1 or off); see "
+                                                          f"default on, off with {ZYGOTE_ENV}=0); see "
                                                           "docs/local-backend.md#start-path")
 
     @field_validator("model_gateway")

@@ -22,15 +22,18 @@ from orchard.sandbox.backends.local_launch import HOST_ENV
 # Capability numbers (linux/capability.h) of those bwrap may leave the agent (bwrap.py AGENT_SETUP_CAPS).
 CAPABILITIES = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SETPCAP": 8, "CAP_SYS_ADMIN": 21}
 START_TIMEOUT_S = 30.0
+# Room in the zygote's environment area for a sandbox's environment, which each agent writes over it
+# (zygote.py `_show_environment`): a variable of that many spaces.
+ENV_AREA_NAME, ENV_AREA_BYTES = "ORCHARD_ZYGOTE_ENV_AREA", 32 << 10
 ANSWER_TIMEOUT_S = 40.0  # the zygote's child waits up to 30 s for bwrap's mounts
 
 
 def zygote_wanted(remapped: bool, setting: bool | None) -> bool:
-    """Whether sandboxes get their agent from the zygote: when asked (the `zygote` setting, else
-    ORCHARD_LOCAL_ZYGOTE=1), and only as root, which maps the sandbox's ids and so gives the workload a
-    pid namespace of its own, where it cannot see what holds the sandbox open."""
+    """Whether sandboxes get their agent from the zygote: by default wherever it can run, i.e. as root,
+    which maps the sandbox's ids and so gives the workload a pid namespace of its own, where it cannot see
+    what holds the sandbox open; off when the `zygote` setting is false (else ORCHARD_LOCAL_ZYGOTE=0)."""
     if setting is None:
-        setting = os.environ.get(ZYGOTE_ENV) == "1"
+        setting = os.environ.get(ZYGOTE_ENV, "1").strip() != "0"
     return bool(setting) and remapped
 
 
@@ -50,7 +53,8 @@ class Zygote:
         argv = [f"{root}/{m.loader}", "--library-path", f"{root}/{m.library_dir}", f"{root}/{m.python}",
                 "-s", "-S", "-B", "-X", "utf8", "-c", launcher]
         try:
-            self.process = subprocess.Popen(argv, env={**HOST_ENV, **bundle.launch_env(mount_point=root)},
+            self.process = subprocess.Popen(argv, env={**HOST_ENV, **bundle.launch_env(mount_point=root),
+                                                                ENV_AREA_NAME: " " * ENV_AREA_BYTES},
                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             pass_fds=(theirs.fileno(),), start_new_session=True)
         except OSError as e:
@@ -63,7 +67,7 @@ class Zygote:
             line = self.process.stdout.readline() if ready else b""
             if not line.startswith(b"READY"):
                 raise BackendError("the agent zygote did not start (its errors are on this process's "
-                                   f"stderr); unset {ZYGOTE_ENV} to start every agent on its own")
+                                   f"stderr); set {ZYGOTE_ENV}=0 to start every agent on its own")
         except BaseException:
             self.close()
             raise

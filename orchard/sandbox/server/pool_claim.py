@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.core.errors import InvalidRequest, OrchardError, exception_text
 from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec, StartupTimings
 from orchard.sandbox.server.admission import spec_fingerprint
 
@@ -92,10 +92,11 @@ async def hand_out(manager: "PoolManager", pool: "_Pool", sandbox_id: str, spec:
         # member is never handed out; its key is freed (nobody got it) and the caller gets another
         # member or a cold create.
         store.release_claim(sandbox_id, owner=owner, pool_owner=pool_owner)
-        manager.discard(pool, sandbox_id, f"deleted: a pool member whose claim failed: {e or type(e).__name__}")
+        manager.discard(pool, sandbox_id, f"deleted: a pool member whose claim failed: {exception_text(e)}")
         if not isinstance(e, Exception):
             raise
-        log.warning("pool %s: member %s could not be claimed (%s); deleting it", pool.spec.name, sandbox_id, e)
+        log.warning("pool %s: member %s could not be claimed (%s); deleting it", pool.spec.name, sandbox_id,
+                    exception_text(e))
         pool.last_error = f"claiming member {sandbox_id} failed: {e}"
         return None, f"{_CLAIM_FAILED}{e}"
     done = time.monotonic()
