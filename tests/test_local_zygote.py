@@ -19,6 +19,7 @@ from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends import local as local_module
+from orchard.sandbox.backends import local_zygote
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_state import process_running
 from orchard.sandbox.backends.local_zygote import ENV_AREA_NAME
@@ -127,17 +128,17 @@ async def test_a_zygote_agent_is_limited_and_checks_its_token(backends):
 
 async def test_a_failure_on_the_zygote_path_leaves_nothing_and_the_next_create_works(backends, monkeypatch):
     backend = backends["zygote"]
-    real = local_module.agent_request
+    real = local_zygote.agent_request
 
     def broken(**kwargs):
         return {**real(**kwargs), "cwd": "/no/such/dir"}
 
-    monkeypatch.setattr(local_module, "agent_request", broken)
+    monkeypatch.setattr(local_zygote, "agent_request", broken)
     with pytest.raises(BackendError, match="could not start in the sandbox|exited before"):
         await backend.create("broken", SandboxSpec(), "tok")
     assert list(backend.root_dir.iterdir()) == []
     assert not (backend.run_base / backend._key("broken")).exists()
-    monkeypatch.setattr(local_module, "agent_request", real)
+    monkeypatch.setattr(local_zygote, "agent_request", real)
     async with running(backend) as (_, agent):
         assert (await agent.exec("echo fine")).stdout == "fine\n"
 

@@ -307,9 +307,8 @@ def _init(user: str, own_uid: bool, ready_w: int):
 
 
 def _text(exc: BaseException) -> str:
-    """What happened: the exception's type and message (its type alone when the message is empty)."""
-    message = str(exc).strip()
-    return "%s: %s" % (type(exc).__name__, message) if message else type(exc).__name__
+    """What happened: the exception's message, or its type's name when the message is empty."""
+    return str(exc).strip() or type(exc).__name__
 
 
 def watch_init():

@@ -20,8 +20,6 @@ import hashlib
 import logging
 import os
 import re
-import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -43,7 +41,9 @@ from orchard.sandbox.backends.local_launch import (check_health, launch_argv, pr
                                                    read_info, release_userns, spawn, wait_ready_line,
                                                    writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
-from orchard.sandbox.backends.local_zygote import Zygote, agent_request, read_ready, zygote_wanted
+from orchard.sandbox.backends.local_procs import (age, fds_named_in, kill, never_readable_fd, rmtree, tail,
+                                                  wait_gone)
+from orchard.sandbox.backends.local_zygote import Zygote, enter_zygote, zygote_wanted
 from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
                                                   write_record)
@@ -235,7 +235,7 @@ class LocalBackend:
         userns_w: int | None = None  # bwrap waits on this for its user namespace's id maps
         network: Future[int] | None = None  # network allowlist: set up while the agent starts
         try:
-            _rmtree(paths.run_dir)  # a leftover of a crashed earlier sandbox of this id: the id is ours now
+            rmtree(paths.run_dir)  # a leftover of a crashed earlier sandbox of this id: the id is ours now
             paths.run_dir.mkdir(mode=0o700)
             # The agent's socket is bound here, where only the host can reach: the sandbox gets the open
             # listening socket, never a directory it could fill or a path it could swap.
@@ -272,7 +272,7 @@ class LocalBackend:
             owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
             # With the zygote, bwrap gets a pipe to block on (never written: it holds a write end of its
             # own) in the place of the agent's socket, which goes to the zygote instead.
-            hold_fd = _never_readable_fd() if zygote is not None else None
+            hold_fd = never_readable_fd() if zygote is not None else None
             proc, info_r, userns_w = spawn(
                 lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
                 lambda info_fd, token_fd, block_fd: bwrap_args(
@@ -284,7 +284,7 @@ class LocalBackend:
             if hold_fd is not None:  # copies of the agent's descriptors, for the zygote to hand it
                 os.close(hold_fd)
                 hold_fd = None
-                agent_fds = [(n, os.dup(n)) for n in _fds_named_in(agent_argv)]
+                agent_fds = [(n, os.dup(n)) for n in fds_named_in(agent_argv)]
             listener.close()  # the agent (or, with the zygote, our copy) has it now
             for fd in workload_fds:
                 os.close(fd)
@@ -312,8 +312,8 @@ class LocalBackend:
                     network = self._start_network(sandbox_id, spec, handle, agent_url)
                 if zygote is not None:
                     try:
-                        await self._enter_zygote(zygote, spec, rootfs, env, cg, agent_argv, hold_number or 0,
-                                                 agent_fds, paths, handle, bundle)
+                        await enter_zygote(zygote, spec, rootfs, env, cg, agent_argv, hold_number or 0,
+                                           agent_fds, paths, handle, bundle, self.ready_timeout_s)
                     finally:
                         for _, fd in agent_fds:
                             os.close(fd)
@@ -348,37 +348,12 @@ class LocalBackend:
                 os.close(userns_w)
             if network is not None:
                 network.exception()  # waits: what it made is recorded before it is removed
-            agent_log = _tail(paths.log_file)
+            agent_log = tail(paths.log_file)
             self._destroy(sandbox_id, handle)
             if isinstance(e, (BackendError, OSError)):
                 raise BackendError(f"sandbox {sandbox_id} failed to start: {e}"
                                    + (f"; agent output: {agent_log}" if agent_log else "")) from e
             raise
-
-    async def _enter_zygote(self, zygote: Zygote, spec: SandboxSpec, rootfs: Path | None, env: dict[str, str],
-                            cg, agent_argv: list[str], hold_fd: int, agent_fds: list[tuple[int, int]],
-                            paths: SandboxPaths, handle: LocalHandle, bundle: AgentBundle) -> None:
-        """Have the zygote fork the agent into the sandbox (bwrap's init now blocks on its hold fd) and
-        wait for its READY line. The agent's descriptors keep the numbers its arguments name."""
-        ready_r, ready_w = os.pipe()
-        log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            nproc = (spec.max_processes if spec.max_processes and (cg is None or "pids" not in cg.controllers)
-                     else None)
-            request = agent_request(
-                init_pid=handle.init_pid or 0, block_fd=hold_fd, nproc=nproc,
-                cgroup_procs=[str(f) for f in cg.procs_files] if cg is not None else [], env=env,
-                cwd=spec.workdir if rootfs is None else "/", argv=agent_argv[agent_argv.index("--listen"):],
-                bundle=bundle)
-            request["fds"] = [number for number, _ in agent_fds]
-            handle.agent_pid = await zygote.enter(request, [ready_w, log_fd, *(fd for _, fd in agent_fds)])
-        except BaseException:
-            os.close(ready_r)
-            raise
-        finally:
-            os.close(ready_w)
-            os.close(log_fd)
-        await read_ready(ready_r, self.ready_timeout_s)
 
     def _start_network(self, sandbox_id: str, spec: SandboxSpec, handle: LocalHandle,
                        agent_url: str) -> "Future[int]":
@@ -425,15 +400,15 @@ class LocalBackend:
         monitor_alive = process_running(handle.pid, handle.pid_start)
         if process_running(handle.init_pid, handle.init_start):
             # SIGKILL to a pid namespace's init kills every process in that namespace.
-            _kill(handle.init_pid)
+            kill(handle.init_pid)
         elif monitor_alive:
             # bwrap's report never arrived (crash mid-create): its children are the namespace init, and
             # the monitor may not have got as far as making one.
             for child in children_of(handle.pid):
-                _kill(child)
-            _kill(handle.pid)
+                kill(child)
+            kill(handle.pid)
         if monitor_alive:
-            _wait_gone(handle.pid, handle.pid_start, proc, timeout=5.0)
+            wait_gone(handle.pid, handle.pid_start, proc, timeout=5.0)
         # A create killed before it recorded its groups left them unrecorded: they are found by name.
         left = cgroups.kill_and_remove(handle.cgroups or cgroups.existing_groups(self._key(sandbox_id))
                                        or cgroups.existing_groups(self._legacy_key(sandbox_id)))
@@ -445,7 +420,7 @@ class LocalBackend:
         except BackendError as e:
             network_error = e
         for path in (handle.run_dir, handle.sandbox_dir):
-            _rmtree(Path(path))
+            rmtree(Path(path))
         if network_error is not None:
             raise BackendError(f"sandbox {sandbox_id}: its network allowlist could not be removed: "
                                f"{network_error}") from network_error
@@ -492,7 +467,7 @@ class LocalBackend:
             h = record.handle
             if process_running(h.pid, h.pid_start) or process_running(h.init_pid, h.init_start):
                 live.append(BackendSandbox(id=record.id, agent_url=record.agent_url, handle=h.model_dump()))
-            elif not h.pid and _age(entry / "meta.json") < STALE_UNRECORDED_S:
+            elif not h.pid and age(entry / "meta.json") < STALE_UNRECORDED_S:
                 continue  # recorded before its processes start: a create in progress (of any process)
             else:
                 log.info("removing leftovers of dead local sandbox %s", record.id)
@@ -517,87 +492,8 @@ class LocalBackend:
             await asyncio.to_thread(zygote.close)
 
 
-def _age(path: Path) -> float:
-    try:
-        return time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0
-
-
-def _never_readable_fd() -> int:
-    """A pipe opened for reading and writing at once (through /proc): a read on it blocks for as long as
-    the descriptor exists, since its holder is a writer too."""
-    read_end, write_end = os.pipe()
-    try:
-        return os.open(f"/proc/self/fd/{read_end}", os.O_RDWR | os.O_CLOEXEC)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
-
-
-def _fds_named_in(agent_argv: list[str]) -> list[int]:
-    """The descriptors the agent's arguments name (`--listen fd:N`, `--...-fds N,M`), in order."""
-    fds = []
-    for option, value in zip(agent_argv, agent_argv[1:]):
-        if option == "--listen" and value.startswith("fd:"):
-            fds.append(int(value[3:]))
-        elif option.endswith("-fds"):
-            fds += [int(n) for n in value.split(",") if n]
-    return fds
-
-
 def _handle_of(sandbox: BackendSandbox) -> LocalHandle | None:
     try:
         return LocalHandle.model_validate(sandbox.handle)
     except ValueError:
         return None
-
-
-def _kill(pid: int | None) -> None:
-    if pid:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _wait_gone(pid: int, start: int, proc: subprocess.Popen | None, timeout: float) -> None:
-    """Wait for bwrap's monitor to exit after its sandbox died; SIGKILL it past `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None:
-            if proc.poll() is not None:
-                return
-        elif not process_running(pid, start):
-            return
-        time.sleep(0.002)
-    _kill(pid)
-    if proc is not None:
-        proc.wait()
-
-
-def _rmtree(path: Path) -> None:
-    """rm -rf that also gets through the overlay's `work/work` (mode 000)."""
-    def make_writable_and_retry(func, p, exc_info):
-        if isinstance(exc_info[1], FileNotFoundError):
-            return  # already gone (removed concurrently): nothing to do
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-                shutil.rmtree(p, ignore_errors=True)
-            elif func in (os.unlink, os.remove, os.rmdir):
-                func(p)
-        except OSError:
-            pass
-
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=make_writable_and_retry)
-
-
-def _tail(path: Path, limit: int = 2000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-limit:].decode(errors="replace").strip()

@@ -12,12 +12,16 @@ import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 from orchard.core.errors import BackendError
+from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.bundle import AGENT_PACKAGE, DEFAULT_MOUNT_POINT, AgentBundle
 from orchard.sandbox.backends import bwrap as bwrap_module
+from orchard.sandbox.backends.bwrap import SandboxPaths
 from orchard.sandbox.backends.local_config import ZYGOTE_ENV
 from orchard.sandbox.backends.local_launch import HOST_ENV
+from orchard.sandbox.backends.local_state import LocalHandle
 
 # Capability numbers (linux/capability.h) of those bwrap may leave the agent (bwrap.py AGENT_SETUP_CAPS).
 CAPABILITIES = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SETPCAP": 8, "CAP_SYS_ADMIN": 21}
@@ -115,6 +119,33 @@ class Zygote:
             self.process.wait()
         if self.process.stdout is not None and not self.process.stdout.closed:
             self.process.stdout.close()
+
+
+async def enter_zygote(zygote: Zygote, spec: SandboxSpec, rootfs: Path | None, env: dict[str, str], cg,
+                       agent_argv: list[str], hold_fd: int, agent_fds: list[tuple[int, int]], paths: SandboxPaths,
+                       handle: LocalHandle, bundle: AgentBundle, ready_timeout_s: float) -> None:
+    """Have the zygote fork the agent into the sandbox (bwrap's init now blocks on its hold fd) and
+    wait for its READY line; the agent's pid goes into `handle` as soon as it is known. The agent's
+    descriptors keep the numbers its arguments name."""
+    ready_r, ready_w = os.pipe()
+    log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        nproc = (spec.max_processes if spec.max_processes and (cg is None or "pids" not in cg.controllers)
+                 else None)
+        request = agent_request(
+            init_pid=handle.init_pid or 0, block_fd=hold_fd, nproc=nproc,
+            cgroup_procs=[str(f) for f in cg.procs_files] if cg is not None else [], env=env,
+            cwd=spec.workdir if rootfs is None else "/", argv=agent_argv[agent_argv.index("--listen"):],
+            bundle=bundle)
+        request["fds"] = [number for number, _ in agent_fds]
+        handle.agent_pid = await zygote.enter(request, [ready_w, log_fd, *(fd for _, fd in agent_fds)])
+    except BaseException:
+        os.close(ready_r)
+        raise
+    finally:
+        os.close(ready_w)
+        os.close(log_fd)
+    await read_ready(ready_r, ready_timeout_s)
 
 
 def agent_request(*, init_pid: int, block_fd: int, cgroup_procs: list[str], nproc: int | None,
