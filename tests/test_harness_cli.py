@@ -79,7 +79,7 @@ while True:
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
 '''.replace("HANG_MARKER", HANG_MARKER)
 OPTIONS = {"bundle": TINY, "command": '{bundle}/venv/bin/python -c "$CLI_TEST_AGENT" {instruction} {instruction_file}',
-           "env": {"CLI_TEST_AGENT": AGENT}, "timeout_s": 20}
+           "env": {"CLI_TEST_AGENT": AGENT}, "timeout_s": 12}
 SCRIPT = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo hello > hello.txt && cat hello.txt"}}],
            "content": "Writing the file."},
           {"content": "Done: hello.txt says hello."}]
@@ -156,7 +156,7 @@ async def test_steps_rebuilt_from_the_gateway_and_every_failure_an_error(tmp_pat
     assert (rows["crash"].status, rows["crash"].exit_status) == ("error", "agent_error")
     assert rows["crash"].error.startswith("the program exited with code 1; stderr ends: cli-test: the agent crashed")
     assert (rows["hang"].status, rows["hang"].exit_status) == ("error", "timeout")
-    assert "ran past its 20 s and was killed with its process group" in rows["hang"].error
+    assert "ran past its 12 s and was killed with its process group" in rows["hang"].error
     assert (rows["silent"].status, rows["silent"].exit_status) == ("error", "agent_error")
     assert rows["silent"].error == "the harness never called the model (exit code 0, nothing on stderr)"
     assert (rows["broken"].status, rows["broken"].exit_status) == ("error", "model_error")

@@ -156,7 +156,7 @@ async def test_failures_are_errors_with_kimis_own_words(home, tmp_path, scripted
     out = tmp_path / "killed"
     started = time.monotonic()
     results = await run_eval(harness="kimi-cli", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
-                             gateway_config=scripted_config(scripted), backend="local", task_timeout_s=45)
+                             gateway_config=scripted_config(scripted), backend="local", task_timeout_s=35)
     assert time.monotonic() - started < 300
     (row,) = results.tasks
     (killed,) = _trajectories(out)
