@@ -233,8 +233,10 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
                         ratios={"llama_cpp/configured": ratio(first_call_llama, first_call)}))
     return Findings(rows=rows, notes=[
         f"Orchard = smollm2's configured engine: {smollm2.EngineSettings.from_environment().engine}, "
-        f"{str(dtype).removeprefix('torch.')} weights (lean_llama.py: fused projections, an in-place KV cache, "
-        "bf16 matrix-vector products and AMX tiles where the CPU has them). `orchard float32 (exact)` is the "
+        f"{str(dtype).removeprefix('torch.')} weights (lean_llama.py: fused projections, the rotary embedding as one "
+        "complex product, an in-place KV cache in the weights' dtype, bf16 matrix-vector products and AMX tiles "
+        "where the CPU has them, the 64 best-scored tokens' logits re-scored in float32). All three rows' "
+        "targets are on it. `orchard float32 (exact)` is the "
         "same forward pass in float32 (generate's greedy ids, logprobs to 1e-4). Threads: "
         f"{smollm2.generation_threads()} (ORCHARD_SMOLLM2_THREADS, else half the CPUs, at most 4).",
         "The peer is plain `model.generate` on the transformers model (float32, greedy, its own KV cache, "
