@@ -6,7 +6,9 @@ printed comes back too, to use as the translated trajectory's observations.
 react's calls run through its `SandboxTools`; mini-swe-agent's through its `Environment` on the sandbox (the
 package's synchronous protocol, in a thread, bridged to this event loop as the harness runs it). A call
 that submits ends the replay, as it ends the run. Kimi-CLI and OpenHands have no tools in this process:
-their translations are replayed by running the harness itself (translate_harness_replay.replay_in_harness)."""
+their rollouts are replayed with react's tools, each call as one that does exactly what their own tool did
+to the files (credit_replay.py; a call that cannot be is refused before a sandbox starts). A translation
+into them is checked by running the harness itself (translate_harness_replay.replay_in_harness)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchard.core.task import Task
-from orchard.core.trajectory import Step, Trajectory
+from orchard.core.trajectory import Step, ToolCall, Trajectory
 from orchard.eval.patch import extract_patch, snapshot_base
 from orchard.eval.task_sandbox import create_task_sandbox
 from orchard.sandbox.client import AsyncOrchard
@@ -71,6 +73,24 @@ class _MiniRunner:
         return self.dialect.result_text(name, observed), False
 
 
+class _ExactRunner:
+    """A Kimi-CLI or OpenHands rollout's calls, each run as its exact react call (credit_replay.exact_plan)."""
+
+    def __init__(self, sandbox: Any, workdir: str, plan: dict[str, Any]) -> None:
+        self.react, self.plan = _ReactRunner(sandbox, workdir), plan
+
+    async def run_call(self, call: ToolCall) -> tuple[str, bool]:
+        from orchard.recipes.credit_replay import REFUSED, UnreplayableCall
+
+        exact = self.plan[call.tool_call_id]
+        if exact.call is None:
+            return "", exact.submits
+        text, _ = await self.react.run(*exact.call)
+        if REFUSED in text:
+            raise UnreplayableCall(f"call {call.tool_call_id} ({call.function_name}): {text.strip()}")
+        return text, exact.submits
+
+
 RUNNERS = {"react": _ReactRunner, "mini-swe-agent": _MiniRunner}
 
 
@@ -79,22 +99,29 @@ async def replay_patch(orch: AsyncOrchard, task: Task, trajectory: Trajectory, *
     """Run `trajectory`'s tool calls with its harness's tools in a fresh sandbox of `task` and return the
     diff they leave against the state after setup. `diff_after(step)`: also take the diff after each agent
     step for which it is true (`ReplayResult.patches`, by step_id); a step that submits ends the replay."""
+    from orchard.recipes.credit_replay import EXACT_HARNESSES, exact_plan
+
+    workdir = task.environment.workdir
     runner_class = RUNNERS.get(trajectory.agent.name)
-    if runner_class is None:
-        raise ValueError(f"no tool replay for harness {trajectory.agent.name!r} (it knows {', '.join(RUNNERS)}); "
-                         "replay_in_harness (translate_harness_replay.py) runs any harness itself")
+    plan = exact_plan(trajectory, workdir) if trajectory.agent.name in EXACT_HARNESSES else None
+    if runner_class is None and plan is None:
+        raise ValueError(f"no tool replay for harness {trajectory.agent.name!r} (it knows "
+                         f"{', '.join([*RUNNERS, *EXACT_HARNESSES])}); replay_in_harness "
+                         "(translate_harness_replay.py) runs any harness itself")
     sandbox = await create_task_sandbox(orch, task)
     try:
-        workdir = task.environment.workdir
         base = await snapshot_base(sandbox, workdir)
-        runner = runner_class(sandbox, workdir)
+        runner = _ExactRunner(sandbox, workdir, plan) if plan is not None else runner_class(sandbox, workdir)
         result = ReplayResult(patch="")
         for step in trajectory.steps:
             if step.source != "agent" or step.is_copied_context:
                 continue
             submitted = False
             for call in step.tool_calls:
-                text, submitted = await runner.run(call.function_name, call.arguments)
+                if isinstance(runner, _ExactRunner):
+                    text, submitted = await runner.run_call(call)
+                else:
+                    text, submitted = await runner.run(call.function_name, call.arguments)
                 result.observations[call.tool_call_id] = text
                 result.calls_run += 1
                 if submitted:
