@@ -92,6 +92,21 @@ def test_bfloat16_logprobs_are_the_models_within_tolerance_and_runs_repeat(tiny_
     assert cached[0].ids == cached[1].ids == got.ids and cached[0].logprobs == cached[1].logprobs == got.logprobs
 
 
+def test_bfloat16_logits_of_the_likely_tokens_are_float32s(tiny_llama):
+    """The bf16 output projection scores the vocabulary, then the best REFINED tokens again in float32: their
+    logits (so the greedy choice) are the float32 projection's, to float32 rounding."""
+    from orchard.policies.lean_llama import REFINED
+
+    lean = LeanLlama(tiny_llama, torch.bfloat16)
+    torch.manual_seed(0)
+    last = torch.randn(1, tiny_llama.config.hidden_size)
+    with torch.inference_mode():
+        got, exact = lean._logits(last)[0], torch.mv(lean.lm_head, last[0])
+    best = exact.topk(REFINED // 2).indices  # well inside the re-scored set whatever bf16's rounding did
+    assert torch.allclose(got[best], exact[best], rtol=0, atol=1e-5) and int(got.argmax()) == int(exact.argmax())
+    assert got.shape == exact.shape and (got - exact).abs().max() < 0.1 * exact.abs().max()
+
+
 def test_a_model_of_another_architecture_is_refused_by_name():
     from orchard.recipes.tiny_models import tiny_qwen3
 

@@ -154,7 +154,7 @@ class LeanLlama:
         if self.lm_head_low is None:
             return _project(last, self.lm_head)
         logits = torch.mv(self.lm_head_low, last[0].to(self.dtype)).float()
-        best = logits.topk(REFINED).indices
+        best = logits.topk(min(REFINED, logits.shape[0])).indices
         logits[best] = torch.mv(self.lm_head[best], last[0])
         return logits[None]
 
