@@ -200,7 +200,10 @@ def main(argv=None):
         sys.stdout.write("READY %s\n" % server.address_text)
         sys.stdout.flush()
         if cgroup_fds:
-            workload_cgroup.start_soon()  # after READY: a fork now would slow the rest of the start
+            # After the first answer (the backend's /health): a fork now would slow the rest of the start,
+            # and the spawner's move into its cgroup holds up every fork and thread start (the first
+            # request's handler) until an RCU grace period has passed.
+            server.after_first_request = workload_cgroup.start_soon
         server.serve_forever()
     except KeyboardInterrupt:
         pass

@@ -254,10 +254,15 @@ class _AgentServerBase(socketserver.ThreadingMixIn, socketserver.TCPServer):
             if request in self.connections:
                 self.connections[request] = True
 
+    after_first_request = None  # called once, when the first connection has been answered and closed
+
     def shutdown_request(self, request):
         with self.connections_lock:
             self.connections.pop(request, None)
+            hook, self.after_first_request = self.after_first_request, None
         super().shutdown_request(request)
+        if hook is not None:
+            hook()
 
 
 class TCPAgentServer(_AgentServerBase):

@@ -93,11 +93,14 @@ def _share(why: str):
 
 
 def start_soon():
-    """Once serving: start the first spawner in the background, so that a command that comes later (a
-    sandbox waiting in a pool) need not wait for its fork and move (the first cgroup.procs write in a
-    while waits for an RCU grace period, ~10 ms here). Started before READY instead, the fork made the
-    rest of the agent's start copy the pages it wrote: create->ready grew as much as the first command
-    saved (measured on 2 loaded cores: +14 ms create, -15 ms first exec)."""
+    """Once the first request is answered (the backend's /health): start the first spawner in the
+    background, so that a command that comes later (a sandbox waiting in a pool) need not wait for its
+    fork and move (the first cgroup.procs write in a while waits for an RCU grace period, ~10 ms here).
+    Started before READY instead, the fork made the rest of the agent's start copy the pages it wrote:
+    create->ready grew as much as the first command saved (measured on 2 loaded cores: +14 ms create,
+    -15 ms first exec); started at READY, the move held up the thread that answers that /health (no
+    fork or thread starts while a process changes cgroups): 5-8 ms of create->ready. A command that
+    comes first starts the spawner itself."""
     if STATE == "separate":
         threading.Thread(target=_ensure_quietly, name="spawner-start", daemon=True).start()
 

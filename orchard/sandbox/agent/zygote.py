@@ -5,12 +5,14 @@ to start and import the agent (Linux, run by root; see docs/local-backend.md#sta
 The backend starts bubblewrap as usual, but with `--block-fd`: once bwrap has made the namespaces and
 every mount (its new root pivoted), its namespace init blocks reading a pipe that nothing ever writes
 (bwrap holds both ends), so it never runs a command and stays the pid namespace's init. The backend
-sends the zygote a request (`serve`): that init's pid, the fd it blocks on, the cgroups, the agent's
-environment, working directory and arguments, and as file descriptors the agent's listening socket, the
-pipe for its READY line and its log. The zygote forks; the child (`_enter`)
+sends the zygote a request (`serve`) as soon as bwrap runs: the fd its init will block on, the cgroups,
+the agent's environment, working directory and arguments, and as file descriptors a socket to answer on,
+a pipe on which the backend writes the init's pid once bwrap has reported it, the agent's listening
+socket, the pipe for its READY line and its log. The zygote forks; the child (`_enter`)
   - joins the sandbox's cgroups (so everything after is limited from its first instruction) and, without
-    a pids group, sets RLIMIT_NPROC;
-  - waits until the init blocks on that fd (its mounts complete), then joins its namespaces with setns:
+    a pids group, sets RLIMIT_NPROC; writes the sandbox's environment over its environment area;
+  - reads the init's pid, waits until the init blocks on that fd (its mounts complete), then joins its
+    namespaces with setns:
     user first, then cgroup, ipc, uts, net, pid and mount (the root and working directory become the
     sandbox's), skipping any it shares with the host (network `open`);
   - forks into the pid namespace a child that forks the agent and exits, so that the agent is adopted by
@@ -54,7 +56,11 @@ class EnterError(Exception):
 
 
 def serve(control_fd: int):
-    """The zygote's loop on `control_fd` (a SOCK_SEQPACKET socket to the backend): one request, one fork."""
+    """The zygote's loop on `control_fd` (a SOCK_SEQPACKET socket to the backend): one request, one fork.
+    A request's first two descriptors are its own: a socket to answer on (so that the backend sends the
+    next request at once, each create waiting only for its own answer) and a pipe on which the backend
+    writes the pid of the sandbox's init once bwrap has reported it (so that the child forks and joins
+    the cgroups while bwrap is still making the namespaces)."""
     libc, _ctypes = identity._libc(("prctl", "memcpy"))
     ulong = identity.ulong_type()
     libc["prctl"](ulong(PR_SET_CHILD_SUBREAPER), ulong(1), ulong(0), ulong(0), ulong(0))
@@ -78,16 +84,44 @@ def serve(control_fd: int):
         try:
             pid = os.fork()
         except OSError as exc:
-            control.send(json.dumps({"error": "the zygote could not fork: %s" % exc}).encode())
+            _answer(fds, {"error": "the zygote could not fork: %s" % exc})
             pid = None
         if pid == 0:
             try:
-                _enter(json.loads(bytes(buffer[:size])), fds, control)
+                control.close()
+                _enter(json.loads(bytes(buffer[:size])), fds)
             finally:
                 os._exit(1)
         buffer[:size] = bytes(size)
         for fd in fds:
             os.close(fd)
+
+
+def _answer(fds: list, answer: dict):
+    """Answer a request on its own socket (its first descriptor); nothing when it came without one."""
+    if fds:
+        try:
+            os.write(fds[0], json.dumps(answer).encode())
+        except OSError:
+            pass  # the backend has given up on it
+
+
+def _read_init_pid(fd: int) -> int:
+    """The pid the backend writes on the request's pipe once bwrap has reported its init; EnterError when
+    the backend closed it first (bwrap failed) or wrote nothing within BLOCKED_TIMEOUT_S."""
+    import select
+
+    data = b""
+    deadline = time.monotonic() + BLOCKED_TIMEOUT_S
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise EnterError("the backend named no sandbox init within %g s" % BLOCKED_TIMEOUT_S)
+        chunk = os.read(fd, 32)
+        if not chunk:
+            raise EnterError("the backend named no sandbox init (bwrap did not start)")
+        data += chunk
+    return int(data)
 
 
 def _receive(control: socket.socket, buffer: bytearray):
@@ -125,8 +159,10 @@ def _reap():
         pass
 
 
-def _enter(request: dict, fds: list, control: socket.socket):
-    """In the zygote's child: see the module's docstring. Answers on `control`, then returns (to exit)."""
+def _enter(request: dict, fds: list):
+    """In the zygote's child: see the module's docstring. Answers on the request's socket (`fds[0]`),
+    then returns (to exit)."""
+    answer_fd, init_fd, fds = fds[0], fds[1], fds[2:]
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for procs in request["cgroup_procs"]:
@@ -137,7 +173,8 @@ def _enter(request: dict, fds: list, control: socket.socket):
 
             resource.setrlimit(resource.RLIMIT_NPROC, (request["nproc"], request["nproc"]))
         _show_environment({**request["env"], "PWD": request["cwd"]})  # bwrap sets PWD where it starts the agent
-        init_pid = request["init_pid"]
+        init_pid = _read_init_pid(init_fd)
+        os.close(init_fd)
         _wait_blocked(init_pid, request["block_fd"])
         # The host's view of the init, kept open: after setns the mount namespace's /proc is the sandbox's.
         init_task = os.open("/proc/%d/task/%d" % (init_pid, init_pid), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -161,7 +198,7 @@ def _enter(request: dict, fds: list, control: socket.socket):
         if pid == 0:
             code = 1
             try:
-                control.close()
+                os.close(answer_fd)
                 os.close(init_task)
                 if os.fork() == 0:
                     _run_agent(request, fds)  # never returns
@@ -176,9 +213,9 @@ def _enter(request: dict, fds: list, control: socket.socket):
             adopted = f.read().split()  # bwrap's init, blocked, has no child but the agent
         if len(adopted) != 1:
             raise EnterError("the sandbox's init has children %s, not just the agent" % adopted)
-        control.send(json.dumps({"agent_pid": int(adopted[0])}).encode())
+        _answer([answer_fd], {"agent_pid": int(adopted[0])})
     except BaseException as exc:
-        control.send(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}).encode())
+        _answer([answer_fd], {"error": "%s: %s" % (type(exc).__name__, exc)})
 
 
 def _show_environment(env: dict):

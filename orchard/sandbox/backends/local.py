@@ -41,9 +41,9 @@ from orchard.sandbox.backends.local_launch import (check_health, launch_argv, pr
                                                    read_info, release_userns, spawn, wait_ready_line,
                                                    writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
-from orchard.sandbox.backends.local_procs import (age, fds_named_in, kill, never_readable_fd, rmtree, tail,
+from orchard.sandbox.backends.local_procs import (file_age, fds_named_in, kill, never_readable_fd, rmtree, tail,
                                                   wait_gone)
-from orchard.sandbox.backends.local_zygote import Zygote, enter_zygote, zygote_wanted
+from orchard.sandbox.backends.local_zygote import Zygote, ZygoteEntry, begin_entry, read_ready, zygote_wanted
 from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
                                                   write_record)
@@ -231,6 +231,8 @@ class LocalBackend:
         listener: socket.socket | None = None
         hold_fd: int | None = None  # with the zygote: what bwrap's init blocks on instead of running the agent
         agent_fds: list[tuple[int, int]] = []  # with the zygote: (number in the agent, our copy)
+        entry: ZygoteEntry | None = None  # with the zygote: the agent on its way
+        ready_r: int | None = None  # with the zygote: where the agent's READY line comes
         workload_fds: list[int] = []
         userns_w: int | None = None  # bwrap waits on this for its user namespace's id maps
         network: Future[int] | None = None  # network allowlist: set up while the agent starts
@@ -285,6 +287,12 @@ class LocalBackend:
                 os.close(hold_fd)
                 hold_fd = None
                 agent_fds = [(n, os.dup(n)) for n in fds_named_in(agent_argv)]
+                # Sent now: the zygote's child forks and joins the cgroups while bwrap makes the namespaces.
+                entry, ready_r = begin_entry(zygote, spec, rootfs, env, cg, agent_argv, hold_number or 0,
+                                             agent_fds, paths, bundle)
+                for _, fd in agent_fds:
+                    os.close(fd)  # (the zygote has its own copies)
+                agent_fds = []
             listener.close()  # the agent (or, with the zygote, our copy) has it now
             for fd in workload_fds:
                 os.close(fd)
@@ -301,6 +309,8 @@ class LocalBackend:
                 if info.get("child-pid"):
                     handle.init_pid = int(info["child-pid"])
                     handle.init_start = process_start_time(handle.init_pid)
+                if entry is not None:
+                    entry.provide(handle.init_pid or 0)
                 if userns_w is not None:
                     block, userns_w = userns_w, None
                     if handle.init_pid:
@@ -310,15 +320,13 @@ class LocalBackend:
                 write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
                 if local_netns.routed(spec.network) is not None and handle.init_pid:
                     network = self._start_network(sandbox_id, spec, handle, agent_url)
-                if zygote is not None:
-                    try:
-                        await enter_zygote(zygote, spec, rootfs, env, cg, agent_argv, hold_number or 0,
-                                           agent_fds, paths, handle, bundle, self.ready_timeout_s)
-                    finally:
-                        for _, fd in agent_fds:
-                            os.close(fd)
-                        agent_fds = []
+                if entry is not None and ready_r is not None:
+                    handle.agent_pid = await entry.agent_pid()
+                    entry.close()
+                    entry = None
                     write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
+                    fd, ready_r = ready_r, None
+                    await read_ready(fd, self.ready_timeout_s)
                 else:
                     await wait_ready_line(proc, self.ready_timeout_s)
                 listening_at = time.perf_counter()
@@ -340,6 +348,10 @@ class LocalBackend:
                 listener.close()
             for _, fd in agent_fds:
                 os.close(fd)
+            if entry is not None:
+                entry.close()
+            if ready_r is not None:
+                os.close(ready_r)
             if hold_fd is not None:
                 os.close(hold_fd)
             for fd in workload_fds:
@@ -467,7 +479,7 @@ class LocalBackend:
             h = record.handle
             if process_running(h.pid, h.pid_start) or process_running(h.init_pid, h.init_start):
                 live.append(BackendSandbox(id=record.id, agent_url=record.agent_url, handle=h.model_dump()))
-            elif not h.pid and age(entry / "meta.json") < STALE_UNRECORDED_S:
+            elif not h.pid and file_age(entry / "meta.json") < STALE_UNRECORDED_S:
                 continue  # recorded before its processes start: a create in progress (of any process)
             else:
                 log.info("removing leftovers of dead local sandbox %s", record.id)

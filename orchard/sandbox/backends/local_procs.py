@@ -13,7 +13,7 @@ from pathlib import Path
 from orchard.sandbox.backends.local_state import process_running
 
 
-def age(path: Path) -> float:
+def file_age(path: Path) -> float:
     try:
         return time.time() - path.stat().st_mtime
     except FileNotFoundError:

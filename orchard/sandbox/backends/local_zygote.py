@@ -80,33 +80,24 @@ class Zygote:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    async def enter(self, request: dict, fds: list[int]) -> int:
-        """Fork an agent into the sandbox whose bwrap init `request["init_pid"]` blocks on
-        `request["block_fd"]`; returns the agent's pid (the host's view). Raises BackendError saying why
-        it could not."""
-        answer = await asyncio.to_thread(self._exchange, json.dumps(request).encode(), fds)
-        if "agent_pid" not in answer:
-            raise BackendError(f"the agent zygote could not start the agent in the sandbox: "
-                               f"{answer.get('error', answer)}")
-        return int(answer["agent_pid"])
-
-    def _exchange(self, message: bytes, fds: list[int]) -> dict:
-        """One request, one answer. A zygote that does not answer in time is stopped (a late answer
-        would be taken for the next request's); the next create starts a new one."""
-        with self._lock:
-            return self._exchange_locked(message, fds)
-
-    def _exchange_locked(self, message: bytes, fds: list[int]) -> dict:
+    def begin(self, request: dict, fds: list[int]) -> "ZygoteEntry":
+        """Have the zygote fork the child that will start an agent (the module's `begin_entry`); it joins
+        the sandbox's cgroups at once and waits for `ZygoteEntry.provide` to name the sandbox's init.
+        Raises BackendError (the zygote stopped) when the request cannot be sent."""
+        answer_ours, answer_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        init_r, init_w = os.pipe()
         try:
-            socket.send_fds(self._socket, [message], fds)
-            self._socket.settimeout(ANSWER_TIMEOUT_S)
-            answer = self._socket.recv(1 << 16)
-            if not answer:
-                raise OSError("it exited (its errors are on this process's stderr)")
-            return json.loads(answer)
-        except (OSError, ValueError) as e:
+            with self._lock:  # one message at a time on the shared socket; answers come on answer_ours
+                socket.send_fds(self._socket, [json.dumps(request).encode()], [answer_theirs.fileno(), init_r, *fds])
+        except OSError as e:
+            answer_ours.close()
+            os.close(init_w)
             self.close()
-            raise BackendError(f"the agent zygote did not answer: {e}") from e
+            raise BackendError(f"the agent zygote did not take the request: {e}") from e
+        finally:
+            answer_theirs.close()
+            os.close(init_r)
+        return ZygoteEntry(self, answer_ours, init_w)
 
     def close(self) -> None:
         """Stop the zygote: it exits when its socket closes; killed if it does not within 5 s."""
@@ -121,39 +112,83 @@ class Zygote:
             self.process.stdout.close()
 
 
-async def enter_zygote(zygote: Zygote, spec: SandboxSpec, rootfs: Path | None, env: dict[str, str], cg,
-                       agent_argv: list[str], hold_fd: int, agent_fds: list[tuple[int, int]], paths: SandboxPaths,
-                       handle: LocalHandle, bundle: AgentBundle, ready_timeout_s: float) -> None:
-    """Have the zygote fork the agent into the sandbox (bwrap's init now blocks on its hold fd) and
-    wait for its READY line; the agent's pid goes into `handle` as soon as it is known. The agent's
-    descriptors keep the numbers its arguments name."""
+class ZygoteEntry:
+    """One agent on its way: `provide` the sandbox's init, then `agent_pid`; `close` in every case."""
+
+    def __init__(self, zygote: Zygote, answer: socket.socket, init_w: int) -> None:
+        self.zygote, self._answer, self._init_w = zygote, answer, init_w
+        answer.setblocking(False)
+
+    def provide(self, init_pid: int) -> None:
+        """The pid of bwrap's init (0: bwrap reported none; the child then gives up)."""
+        try:
+            if init_pid:
+                os.write(self._init_w, b"%d\n" % init_pid)
+        except OSError:
+            pass  # the child has gone: its answer says why
+        finally:
+            os.close(self._init_w)
+            self._init_w = -1
+
+    async def agent_pid(self) -> int:
+        """The agent's pid (the host's view), once the child has forked it in the sandbox; BackendError
+        saying why it could not. A zygote that does not answer in time is stopped (the next create starts
+        a new one)."""
+        loop = asyncio.get_running_loop()
+        try:
+            answer = await asyncio.wait_for(loop.sock_recv(self._answer, 1 << 16), ANSWER_TIMEOUT_S)
+        except (TimeoutError, asyncio.TimeoutError):
+            await asyncio.to_thread(self.zygote.close)
+            raise BackendError(f"the agent zygote did not answer within {ANSWER_TIMEOUT_S:g} s") from None
+        if not answer:
+            raise BackendError("the agent zygote's child exited without answering (its errors are on this "
+                               "process's stderr)")
+        message = json.loads(answer)
+        if "agent_pid" not in message:
+            raise BackendError(f"the agent zygote could not start the agent in the sandbox: "
+                               f"{message.get('error', message)}")
+        return int(message["agent_pid"])
+
+    def close(self) -> None:
+        if self._init_w >= 0:
+            os.close(self._init_w)
+            self._init_w = -1
+        self._answer.close()
+
+
+def begin_entry(zygote: Zygote, spec: SandboxSpec, rootfs: Path | None, env: dict[str, str], cg,
+                agent_argv: list[str], hold_fd: int, agent_fds: list[tuple[int, int]], paths: SandboxPaths,
+                bundle: AgentBundle) -> tuple[ZygoteEntry, int]:
+    """Send the zygote the request for this sandbox's agent as soon as bwrap runs (its child forks and
+    joins the cgroups while bwrap makes the namespaces); (the entry, the read end of the agent's READY
+    pipe). The agent's descriptors keep the numbers its arguments name."""
     ready_r, ready_w = os.pipe()
     log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         nproc = (spec.max_processes if spec.max_processes and (cg is None or "pids" not in cg.controllers)
                  else None)
         request = agent_request(
-            init_pid=handle.init_pid or 0, block_fd=hold_fd, nproc=nproc,
+            block_fd=hold_fd, nproc=nproc,
             cgroup_procs=[str(f) for f in cg.procs_files] if cg is not None else [], env=env,
             cwd=spec.workdir if rootfs is None else "/", argv=agent_argv[agent_argv.index("--listen"):],
             bundle=bundle)
         request["fds"] = [number for number, _ in agent_fds]
-        handle.agent_pid = await zygote.enter(request, [ready_w, log_fd, *(fd for _, fd in agent_fds)])
+        entry = zygote.begin(request, [ready_w, log_fd, *(fd for _, fd in agent_fds)])
     except BaseException:
         os.close(ready_r)
         raise
     finally:
         os.close(ready_w)
         os.close(log_fd)
-    await read_ready(ready_r, ready_timeout_s)
+    return entry, ready_r
 
 
-def agent_request(*, init_pid: int, block_fd: int, cgroup_procs: list[str], nproc: int | None,
+def agent_request(*, block_fd: int, cgroup_procs: list[str], nproc: int | None,
                   env: dict[str, str], cwd: str, argv: list[str], bundle: AgentBundle) -> dict:
     """What the zygote needs to start one agent (zygote.py `_enter`): `argv` is the agent's own arguments
     (after the interpreter's), with `--listen fd:3`."""
     caps = sum(1 << CAPABILITIES[name] for name in bwrap_module.AGENT_SETUP_CAPS)  # as bwrap's --cap-add
-    return {"init_pid": init_pid, "block_fd": block_fd, "cgroup_procs": cgroup_procs, "nproc": nproc,
+    return {"block_fd": block_fd, "cgroup_procs": cgroup_procs, "nproc": nproc,
             "env": env, "cwd": cwd, "argv": argv, "caps": caps, "bundle_host": str(bundle.path),
             "bundle_mounted": DEFAULT_MOUNT_POINT}
 
