@@ -3,7 +3,7 @@ sandboxes must be indistinguishable, from inside and from the host, from agents 
 failure on that path must leave nothing behind.
 
 Real sandboxes, real bwrap, the real zygote; each check compares against a sandbox made the classic way
-on the same backend settings. (The whole isolation suite also passes with ORCHARD_LOCAL_ZYGOTE=1.)"""
+on the same backend settings. (The isolation suites run on the zygote, root's default.)"""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from orchard.sandbox.backends import local as local_module
 from orchard.sandbox.backends import local_zygote
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_state import process_running
-from orchard.sandbox.backends.local_zygote import ENV_AREA_NAME
+from orchard.sandbox.backends.local_config import ZYGOTE_ENV
+from orchard.sandbox.backends.local_zygote import ENV_AREA_NAME, zygote_wanted
 from orchard.sandbox.bundle import ensure_agent_bundle
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the zygote is used by root only")
@@ -185,3 +186,26 @@ async def test_from_the_host_its_processes_show_the_sandboxs_environment_and_com
     assert seen["zygote"] == seen["classic"]
     zygote_env = environ_of(backends["zygote"]._zygote.process.pid)
     assert set(zygote_env) == {"PATH", "PYTHONHOME", "PYTHONPATH", ENV_AREA_NAME}, zygote_env
+
+
+def test_the_zygote_is_roots_default_and_can_be_turned_off(monkeypatch):
+    """Where ids are remapped (root) the zygote is on unless the setting or ORCHARD_LOCAL_ZYGOTE=0 says
+    otherwise; without remapping (not root) never."""
+    monkeypatch.delenv(ZYGOTE_ENV, raising=False)
+    assert zygote_wanted(True, None) and not zygote_wanted(False, None)
+    assert not zygote_wanted(True, False) and not zygote_wanted(False, True)
+    monkeypatch.setenv(ZYGOTE_ENV, "0")
+    assert not zygote_wanted(True, None) and zygote_wanted(True, True)
+    monkeypatch.setenv(ZYGOTE_ENV, "1")
+    assert zygote_wanted(True, None)
+
+
+async def test_orchard_local_zygote_0_starts_agents_through_bwrap(tmp_path, bundle_cache, monkeypatch):
+    monkeypatch.setenv(ZYGOTE_ENV, "0")
+    backend = LocalBackend(tmp_path / "off", bundle_cache_dir=bundle_cache)
+    try:
+        async with running(backend) as (sb, agent):
+            assert sb.handle.get("agent_pid") is None and backend._zygote is None
+            assert (await agent.exec("echo bwrap")).stdout == "bwrap\n"
+    finally:
+        await backend.close()
