@@ -174,8 +174,12 @@ async def test_cancelling_the_harness_stops_the_agent_thread(scripted, gateway, 
     model = model_config(gateway)
     async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
         run = asyncio.create_task(MiniSweAgentHarness(command_timeout_s=60).run(task, sandbox, model))
-        await asyncio.sleep(2)
+        for _ in range(300):  # until the agent's command runs in the sandbox (well under a second unloaded)
+            if (await sandbox.exec("pgrep -fx 'sleep 30'")).exit_code == 0:
+                break
+            await asyncio.sleep(0.1)
         assert any(t.name.startswith("mini-swe-agent:") for t in threading.enumerate())  # busy in `sleep 30`
+        assert (await sandbox.exec("pgrep -fx 'sleep 30'")).exit_code == 0
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run
