@@ -170,17 +170,16 @@ class LeanLlama:
             mask = torch.ones(count, start + count, dtype=torch.bool).tril(diagonal=start)
         for index, layer in enumerate(self.layers):
             hidden += self._attention(layer, index, hidden, cache, start, rotation, mask)
-            hidden += layer.mlp(F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, self.eps).to(self.dtype))
+            hidden += layer.mlp(_rms_norm(hidden, layer.post_norm, self.eps, self.dtype))
         cache.length = start + count
         return hidden
 
     def _attention(self, layer: "_Layer", index: int, hidden: torch.Tensor, cache: LeanCache, start: int,
                    rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         count, dim = hidden.shape[0], self.head_dim
-        x = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, self.eps).to(self.dtype)
-        qkv = _project(x, layer.qkv).float()
+        qkv = _project(_rms_norm(hidden, layer.input_norm, self.eps, self.dtype), layer.qkv)
         rotated_heads, q_size = self.heads + self.kv_heads, self.heads * dim
-        pairs = torch.view_as_complex(qkv[:, :rotated_heads * dim].view(count, rotated_heads, dim // 2, 2))
+        pairs = torch.view_as_complex(qkv[:, :rotated_heads * dim].float().view(count, rotated_heads, dim // 2, 2))
         qk = torch.view_as_real(pairs * rotation).view(count, rotated_heads, dim)  # [T, heads + kv, d]
         end = start + count
         cache.keys[index, :, start:end] = qk[:, self.heads:].transpose(0, 1)
@@ -192,6 +191,14 @@ class LeanLlama:
                                              is_causal=count > 1 and mask is None, scale=self.scale,
                                              enable_gqa=True)
         return _project(out[0].transpose(0, 1).reshape(count, self.heads * dim), layer.o_proj)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """transformers' LlamaRMSNorm of the float32 rows `x`, written in `dtype`: (x * rsqrt(mean(x^2) + eps)) * w,
+    the mean of squares from one norm pass and the last product written straight in `dtype` (two passes
+    over the rows fewer than F.rms_norm and a cast)."""
+    scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+    return torch.mul(x * scale, weight, out=torch.empty(x.shape, dtype=dtype))
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
