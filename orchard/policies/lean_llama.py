@@ -15,12 +15,12 @@ long queries. Here the same weights run with:
 - attention as `scaled_dot_product_attention` over the cache (grouped-query heads share their key/value
   head without copies): causal for a prompt chunk, one query for a decode step;
 - the layers' weights in `dtype`: bfloat16 halves the bytes they cost per token and uses the CPU's bf16
-  units (AMX, AVX512-BF16) for prompts, where plain float32 cannot; the residual stream, the norms and the
-  rotary embedding stay float32;
+  units (AMX, AVX512-BF16) for prompts, where plain float32 cannot; the residual stream, the norms (written
+  in `dtype` for the products they feed) and the rotary embedding are computed in float32;
 - the output projection (logits) of the last position only: in float32 for `dtype=float32`; in bfloat16
   the whole vocabulary is scored with bf16 weights (a third of float32's time per token), then the
   `REFINED` best-scored tokens are scored again in float32 and replace their bf16 logits, so the greedy
-  choice and the likely tokens' logprobs are float32's (a bf16 logit is off by up to ~0.1 at SmolLM2's
+  choice and the likely tokens' logits are float32's (a bf16 logit is off by up to ~0.1 at SmolLM2's
   logit sizes, enough to flip a first token as plain as the capital of France).
 
 With `dtype=torch.float32` it computes what the transformers model computes (logprobs agree to ~1e-5,
