@@ -127,9 +127,9 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
     before = [p.detach().clone() for p in model.parameters()]
     guide = None
     if config.guide is not None and forced is None:
-        if config.policy_route is not None or config.vllm_url is not None:
-            raise InvalidRequest("--guide needs the in-process policy (it dictates the policy's replies); it cannot "
-                                 "guide a policy served elsewhere (--vllm-url)")
+        if config.policy_route is not None:
+            raise InvalidRequest("--guide needs the in-process policy or a vLLM server (--vllm-url): it dictates "
+                                 "the policy's replies and has them scored; a chat route cannot score them")
         from orchard.recipes.rl_guide import OracleGuide
 
         forced = guide = OracleGuide(tasks.values(), every=config.guide_every)
@@ -141,7 +141,7 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
 
         sync = ReloadWeights(config.vllm_url, config.out / "vllm-weights") if config.vllm_sync else None
         policy = VLLMPolicy(tokenizer=tokenizer, url=config.vllm_url, served_model=config.vllm_model or config.model,
-                            sync=sync)
+                            sync=sync, forced=forced)
     else:
         policy = TrainingPolicy(model, tokenizer, forced=forced) if config.policy_route is None else None
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=None)

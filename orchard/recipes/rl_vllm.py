@@ -18,7 +18,11 @@ rollouts (`--parallel`) share one server's batch.
 
 Weights: `weights_changed()` (the rollout function calls it before each step's rollouts) hands the
 trainer's current model to `sync` if one is set (orchard.recipes.rl_vllm_sync); without it the server keeps
-the weights it started with and the run is off-policy after the first step."""
+the weights it started with and the run is off-policy after the first step.
+
+A dictated completion (`forced`: `--guide oracle`'s replies) is scored by the server too: the prompt and the
+dictated ids go to `/completions` with `prompt_logprobs: 0`, so its logprobs are the served weights' — the
+trainer's, once synced."""
 
 from __future__ import annotations
 
@@ -80,6 +84,18 @@ class VLLMPolicy(TrainingPolicy):
     def _sample(self, prompt: list[int], temperature: float | None, top_p: float | None, max_new_tokens: int,
                 seed: int | None) -> tuple[list[int], list[float]]:
         body = self.completion_request(prompt, temperature, top_p, max_new_tokens, seed)
+        return parse_completion(self._post(body), prompt)
+
+    def _score(self, prompt: list[int], ids: list[int]) -> list[float]:
+        """The served model's logprobs of dictated ids (forced / --guide) after `prompt`: vLLM reads
+        prompt + ids and returns each prompt token's logprob (`prompt_logprobs: 0`); one token is sampled
+        and dropped (vLLM samples at least one)."""
+        sequence = prompt + ids
+        body = {"model": self.served_model, "prompt": sequence, "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 0, "return_token_ids": True}
+        return parse_prompt_logprobs(self._post(body), sequence, len(ids))
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
             response = self._client.post("/completions", json=body)
         except httpx.HTTPError as exc:
@@ -88,11 +104,36 @@ class VLLMPolicy(TrainingPolicy):
         if response.status_code != 200:
             raise ModelError(f"the vLLM server at {self.url} answered {response.status_code}: "
                              f"{response.text[:500]}")
-        return parse_completion(response.json(), prompt)
+        return response.json()
 
-    def _score(self, prompt: list[int], ids: list[int]) -> list[float]:
-        raise InvalidRequest("a dictated completion (forced / --guide) needs the in-process policy; "
-                             "VLLMPolicy only samples")
+
+def parse_prompt_logprobs(body: dict[str, Any], sequence: list[int], count: int) -> list[float]:
+    """The logprobs of the last `count` ids of `sequence` from vLLM's `prompt_logprobs` (one entry per prompt
+    token, None for the first, each a map from token id to its logprob)."""
+    try:
+        choice = body["choices"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ModelError(f"the vLLM reply has no choice: {str(body)[:300]}") from exc
+    _check_echo(choice.get("prompt_token_ids") or body.get("prompt_token_ids"), sequence)
+    entries = choice.get("prompt_logprobs") or body.get("prompt_logprobs")
+    if not isinstance(entries, list) or len(entries) != len(sequence):
+        raise ModelError(f"the vLLM reply has {len(entries) if isinstance(entries, list) else 'no'} prompt "
+                         f"logprobs for {len(sequence)} prompt ids; ask with `prompt_logprobs: 0`")
+    logprobs = []
+    for position in range(len(sequence) - count, len(sequence)):
+        entry = (entries[position] or {}).get(str(sequence[position]))
+        if position == 0 or entry is None:
+            raise ModelError(f"the vLLM reply gives no logprob for prompt token {position} "
+                             f"(id {sequence[position]})")
+        logprobs.append(float(entry["logprob"] if isinstance(entry, dict) else entry))
+    return logprobs
+
+
+def _check_echo(echoed: Any, prompt: list[int]) -> None:
+    if echoed is not None and list(echoed) != list(prompt):
+        position = next((i for i, (a, b) in enumerate(zip(echoed, prompt)) if a != b), min(len(echoed), len(prompt)))
+        raise ModelError(f"vLLM read other prompt ids than those sent (they differ at token {position}); "
+                         "the trainer would train on ids the model never saw")
 
 
 def parse_completion(body: dict[str, Any], prompt: list[int]) -> tuple[list[int], list[float]]:
@@ -105,11 +146,7 @@ def parse_completion(body: dict[str, Any], prompt: list[int]) -> tuple[list[int]
     if ids is None:
         raise ModelError("the vLLM reply has no token_ids: the server ignored `return_token_ids` "
                          "(vLLM 0.10.2 or later returns them)")
-    echoed = choice.get("prompt_token_ids") or body.get("prompt_token_ids")
-    if echoed is not None and list(echoed) != list(prompt):
-        position = next((i for i, (a, b) in enumerate(zip(echoed, prompt)) if a != b), min(len(echoed), len(prompt)))
-        raise ModelError(f"vLLM read other prompt ids than those sent (they differ at token {position}); "
-                         "the trainer would train on ids the model never saw")
+    _check_echo(choice.get("prompt_token_ids") or body.get("prompt_token_ids"), prompt)
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
     if logprobs is None or len(logprobs) != len(ids):
         raise ModelError(f"the vLLM reply has {0 if logprobs is None else len(logprobs)} logprobs for "

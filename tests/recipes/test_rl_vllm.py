@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from orchard.core.errors import ModelError
-from orchard.recipes.rl_vllm import VLLMPolicy, parse_completion
+from orchard.recipes.rl_vllm import VLLMPolicy, parse_completion, parse_prompt_logprobs
 
 pytestmark = pytest.mark.model  # transformers (the tokenizer)
 
@@ -111,6 +111,24 @@ def test_a_reply_that_read_other_prompt_ids_or_lacks_ids_is_refused():
         parse_completion({"choices": [{"text": "hi"}]}, [1])
     with pytest.raises(ModelError, match="logprobs"):
         parse_completion({"choices": [{"token_ids": [5], "logprobs": None}]}, [1])
+
+
+def test_dictated_ids_are_scored_from_the_servers_prompt_logprobs():
+    """vLLM's `prompt_logprobs` (as vLLM 0.32 writes them: None for the first token, then a map from the
+    token id, as text, to its logprob, rank and text): the last ids' logprobs are read, checked to be
+    those of the ids sent."""
+    def entry(token: int, logprob: float) -> dict:
+        return {str(token): {"logprob": logprob, "rank": 3, "decoded_token": "x"}}
+
+    body = {"choices": [{"prompt_token_ids": [1, 2, 3, 4], "token_ids": [9],
+                         "prompt_logprobs": [None, entry(2, -1.5), entry(3, -0.5), entry(4, -2.0)]}]}
+    assert parse_prompt_logprobs(body, [1, 2, 3, 4], 2) == [-0.5, -2.0]
+    with pytest.raises(ModelError, match="differ at token 2"):
+        parse_prompt_logprobs(body, [1, 2, 7, 4], 2)
+    with pytest.raises(ModelError, match="no logprob for prompt token 0"):
+        parse_prompt_logprobs(body, [1, 2, 3, 4], 4)
+    with pytest.raises(ModelError, match="prompt_logprobs: 0"):
+        parse_prompt_logprobs({"choices": [{"token_ids": [9]}]}, [1, 2], 1)
 
 
 REAL = {name: os.environ.get(name) for name in ("ORCHARD_VLLM_URL", "ORCHARD_VLLM_MODEL", "ORCHARD_VLLM_TOKENIZER")}
@@ -244,3 +262,31 @@ def test_calls_of_different_rollouts_reach_the_server_at_once(tokenizer):
         thread.join()
     assert all(not isinstance(r, Exception) for r in results.values()), results
     assert {key: r.completion_token_ids for key, r in results.items()} == {"a": [eot], "b": [eot]}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not all(REAL.values()), reason="needs a vLLM server started with VLLM_SERVER_DEV_MODE=1: "
+                                                  "set ORCHARD_VLLM_URL, ORCHARD_VLLM_MODEL and "
+                                                  "ORCHARD_VLLM_TOKENIZER (docs/training.md)")
+def test_a_guided_grpo_step_with_vllm_rollouts_changes_the_weights(tmp_path):
+    """One real GRPO step with vLLM serving every rollout: the first rollout of the task is sampled by vLLM
+    (the untrained policy fails it), the second plays the oracle's replies scored by vLLM
+    (`prompt_logprobs`), the grader resolves it; the group's rewards differ, so the advantages are not zero
+    and the step changes the weights. The weights reach the server through a reload before the rollouts."""
+    from orchard.recipes.bar import BarConfig
+    from orchard.recipes.rl import RLConfig, train_rl
+    from orchard.recipes.rl_guide import GUIDED, SAMPLED
+
+    task = "orchard__pagekit-112"
+    reports = []
+    config = RLConfig(model=REAL["ORCHARD_VLLM_TOKENIZER"], vllm_url=REAL["ORCHARD_VLLM_URL"],
+                      vllm_model=REAL["ORCHARD_VLLM_MODEL"], out=tmp_path / "rl", tasks=[task], num_generations=2,
+                      max_steps=1, learning_rate=1e-4, harness_options={"step_limit": 3}, max_tokens=24,
+                      guide="oracle", bar=BarConfig(retire_after=2, max_rollouts=4))
+    result = train_rl(config, on_step=reports.append)
+    (report,) = reports
+    assert {r["behaviour"]: r["reward"] for r in report.rollout_log} == {SAMPLED: 0.0, GUIDED: 1.0}
+    assert report.informative_groups == 1 and report.trained_tokens > 0
+    assert result.steps == 1 and result.weights_changed and result.losses
+    assert not (tmp_path / "rl" / "vllm-weights").exists()  # the reload's copy is removed at the end
