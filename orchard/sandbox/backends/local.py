@@ -321,7 +321,7 @@ class LocalBackend:
                 if local_netns.routed(spec.network) is not None and handle.init_pid:
                     network = self._start_network(sandbox_id, spec, handle, agent_url)
                 if entry is not None and ready_r is not None:
-                    handle.agent_pid = await entry.agent_pid()
+                    handle.agent_pid = await entry.agent_pid(self.ready_timeout_s)
                     entry.close()
                     entry = None
                     write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))

@@ -130,14 +130,16 @@ class ZygoteEntry:
             os.close(self._init_w)
             self._init_w = -1
 
-    async def agent_pid(self) -> int:
+    async def agent_pid(self, timeout: float) -> int:
         """The agent's pid (the host's view), once the child has forked it in the sandbox; BackendError
-        saying why it could not. A zygote that does not answer in time is stopped (the next create starts
-        a new one)."""
+        saying why it could not, TimeoutError past `timeout` (the create's ready timeout). A zygote that
+        does not answer within ANSWER_TIMEOUT_S is stopped (the next create starts a new one)."""
         loop = asyncio.get_running_loop()
         try:
-            answer = await asyncio.wait_for(loop.sock_recv(self._answer, 1 << 16), ANSWER_TIMEOUT_S)
+            answer = await asyncio.wait_for(loop.sock_recv(self._answer, 1 << 16), min(timeout, ANSWER_TIMEOUT_S))
         except (TimeoutError, asyncio.TimeoutError):
+            if timeout < ANSWER_TIMEOUT_S:
+                raise TimeoutError from None
             await asyncio.to_thread(self.zygote.close)
             raise BackendError(f"the agent zygote did not answer within {ANSWER_TIMEOUT_S:g} s") from None
         if not answer:
