@@ -181,6 +181,7 @@ async def test_from_the_host_its_processes_show_the_sandboxs_environment_and_com
             init = [p for p in children if Path(f"/proc/{p}/comm").read_text().strip() == "orchard-init"]
             assert len(spawner) == 1 and len(init) == 1, (spawner, init)
             assert Path(f"/proc/{spawner[0]}/oom_score_adj").read_text().strip() == "0", kind  # (its own)
+            assert b"(zygote)" not in Path(f"/proc/{agent_pid}/cmdline").read_bytes()  # ps tells them apart
             seen[kind] = [environ_of(pid) for pid in (agent_pid, spawner[0], init[0])]
             assert seen[kind][0]["SEED"] == "7" and seen[kind][0] == seen[kind][1] == seen[kind][2], kind
     assert seen["zygote"] == seen["classic"]

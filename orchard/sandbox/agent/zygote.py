@@ -49,6 +49,7 @@ READ_SYSCALLS = ("0", "63")  # read(2) on x86-64 and on arm64/riscv64
 # The command line agents show (they inherit the zygote's): the bundle's paths as a sandbox has them, not
 # the host's, which say where Orchard keeps its state.
 TITLE = b"/.orchard/runtime/bin/python3 -m orchard_agent (zygote)"
+AGENT_TITLE = b"/.orchard/runtime/bin/python3 -m orchard_agent"  # each agent's (ps told them from the zygote)
 
 
 class EnterError(Exception):
@@ -173,6 +174,8 @@ def _enter(request: dict, fds: list):
 
             resource.setrlimit(resource.RLIMIT_NPROC, (request["nproc"], request["nproc"]))
         _show_environment({**request["env"], "PWD": request["cwd"]})  # bwrap sets PWD where it starts the agent
+        libc, _ctypes = identity._libc(("memcpy",))
+        _set_command_line(libc, identity.ulong_type(), AGENT_TITLE)
         init_pid = _read_init_pid(init_fd)
         os.close(init_fd)
         _wait_blocked(init_pid, request["block_fd"])
