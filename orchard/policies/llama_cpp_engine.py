@@ -8,6 +8,12 @@ of each (`n_probs`, from the raw distribution: `post_sampling_probs` off).
 - One server per process, on a Unix socket in a private temporary directory (no port to race for), one
   thread by default (ggml's threads spin-wait: on a busy 2-core machine two are several times slower than
   one), its own prompt cache (`cache_prompt`: an agent's next prompt reuses the last one's states).
+- Flash attention is asked for explicitly (`--flash-attn on`, not left to `auto`): without it a 1345-token
+  prefill measured 0.6-0.75x as fast. Even with it, ggml's CPU attention dominates a long prefill: one
+  thread reads a 128-token batch at ~680 tokens/s at depth 0 but ~165 at depth 1216 (llama-bench), so
+  about 70% of a 1345-token prompt's time is attention, not the weights (those run on AMX tiles through the
+  sapphirerapids variant). The batch sizes (-ub 64..1344), a bf16 or q8_0 KV cache (half as fast as f16)
+  and a second batch thread on 2 busy cores do not help.
 - The server dies with this process: killed by `close()`, at exit, and by the kernel if this process dies
   first (PR_SET_PDEATHSIG)."""
 
@@ -58,7 +64,8 @@ class LlamaServer:
         self._log = open(self._directory / "server.log", "w+b")
         self._lock = threading.Lock()
         argv = runtime.command("-m", str(gguf), "--host", str(self.socket), "-t", str(threads), "-tb",
-                               str(threads), "-c", str(context), "--parallel", "1", "--no-webui")
+                               str(threads), "-c", str(context), "--parallel", "1", "--no-webui",
+                               "--flash-attn", "on")
         try:
             self.process: subprocess.Popen | None = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
