@@ -28,6 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchard.policies.prompt_lookup import draft
+
 DEFAULT_PREFIX_SLOTS = 4
 
 
@@ -41,6 +43,8 @@ class DecodeResult:
     reused_prefix: int  # prompt tokens whose KV states came from the prefix cache
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    drafted: int = 0  # prompt-lookup draft tokens verified (speculative decoding)
+    accepted: int = 0  # of them, the ones the model chose itself (emitted without a forward pass of their own)
 
 
 @dataclass
@@ -97,11 +101,15 @@ def _common_prefix(a: list[int], b: list[int], *, limit: int) -> int:
 
 def decode(model: Any, prompt: list[int], *, max_new_tokens: int, eos_id: int, temperature: float | None = None,
            top_k: int | None = None, top_p: float | None = None, top_logprobs: int = 0, stop_criteria: Any = None,
-           deadline: float | None = None, prefix_cache: PrefixCache | None = None) -> DecodeResult:
+           deadline: float | None = None, prefix_cache: PrefixCache | None = None,
+           speculate: int = 0) -> DecodeResult:
     """Generate up to `max_new_tokens` after `prompt` (greedy unless `temperature` > 0). Call under
     `torch.inference_mode()` with the thread count wanted. `stop_criteria`: a transformers
     StoppingCriteria (e.g. StopStringCriteria) called as `generate` calls it; `deadline`: a
-    `time.monotonic()` value after which generation stops with `expired` set."""
+    `time.monotonic()` value after which generation stops with `expired` set; `speculate`: the most
+    prompt-lookup draft tokens verified per forward pass (prompt_lookup.py), 0 for none. Speculation is
+    greedy only and needs a model with `verify` (lean_llama.LeanLlama); it emits the tokens one-token
+    decoding emits (each draft token is kept only where the model's own argmax is that token)."""
     import torch
     import transformers
 
@@ -115,6 +123,7 @@ def decode(model: Any, prompt: list[int], *, max_new_tokens: int, eos_id: int, t
             processors.append(transformers.TopPLogitsWarper(top_p))
 
     started = time.perf_counter()
+    drafted = kept = 0
     cache, reused = prefix_cache.take(prompt) if prefix_cache is not None else (None, 0)
     if cache is None:  # a model with its own cache type (lean_llama.LeanLlama) makes it
         cache = model.new_cache() if hasattr(model, "new_cache") else transformers.DynamicCache(config=model.config)
@@ -127,7 +136,10 @@ def decode(model: Any, prompt: list[int], *, max_new_tokens: int, eos_id: int, t
     logprobs: list[float] = []
     tops: list[list[tuple[int, float]]] = []
     expired = False
-    while True:
+
+    def emit(logits: Any) -> bool:
+        """Choose the next token from `logits`, record it; whether generation ends with it."""
+        nonlocal sequence, expired
         distribution = torch.log_softmax(logits, dim=-1)
         if temperature:
             scores = processors(sequence, logits[None])
@@ -144,16 +156,38 @@ def decode(model: Any, prompt: list[int], *, max_new_tokens: int, eos_id: int, t
         if stop_criteria is not None or processors:
             sequence = torch.cat([sequence, torch.tensor([[token]])], dim=-1)
         if token == eos_id or len(ids) >= max_new_tokens:
-            break
+            return True
         if stop_criteria is not None and bool(stop_criteria(sequence, None)[0]):
-            break
+            return True
         if deadline is not None and time.monotonic() > deadline:
             expired = True
-            break
-        logits = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1].float()
+            return True
+        return False
+
+    # exact prompt-lookup speculation: greedy only, and only for a model that verifies several positions at once
+    speculating = speculate > 0 and not temperature and hasattr(model, "verify")
+    done = emit(logits)
+    while not done:
+        token = ids[-1]
+        guess = draft(prompt + ids, tokens=min(speculate, max_new_tokens - len(ids))) if speculating else []
+        if not guess:
+            logits = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1].float()
+            done = emit(logits)
+            continue
+        fed = cache.get_seq_length()
+        rows = model.verify(input_ids=torch.tensor([[token] + guess]), cache=cache)  # [1 + len(guess), vocab]
+        accepted = 0  # draft tokens the model chose itself: their positions stay in the cache
+        for row in range(len(guess) + 1):
+            done = emit(rows[row])
+            if done or row == len(guess) or ids[-1] != guess[row]:
+                break
+            accepted += 1
+        drafted += len(guess)
+        kept += accepted
+        cache.crop(fed + 1 + accepted)  # the rejected positions go; the last emitted token is not fed yet
     if prefix_cache is not None:  # the last token was never fed: the cache holds prompt + ids[:-1]
         prefix_cache.put(prompt + ids[:-1], cache)
     hit_limit = len(ids) >= max_new_tokens and ids[-1] != eos_id
     return DecodeResult(ids=ids, logprobs=logprobs, top=tops, hit_limit=hit_limit, expired=expired,
-                        reused_prefix=reused, prefill_s=prefill_s,
+                        reused_prefix=reused, prefill_s=prefill_s, drafted=drafted, accepted=kept,
                         decode_s=time.perf_counter() - started - prefill_s)

@@ -149,10 +149,22 @@ class LeanLlama:
         hidden = self._forward(ids[-1:], cache)
         return LeanOutput(logits=self._logits(F.rms_norm(hidden, (hidden.shape[-1],), self.norm, self.eps))[None])
 
+    def verify(self, *, input_ids: torch.Tensor, cache: LeanCache) -> torch.Tensor:
+        """Read `input_ids` [1, T] after the cached positions in one pass; the float32 logits of every one of
+        them [T, vocab] (speculative decoding's verification: kv_decode.py crops the cache back past
+        rejected positions)."""
+        hidden = self._forward(input_ids[0], cache)
+        return self._logits(F.rms_norm(hidden, (hidden.shape[-1],), self.norm, self.eps))
+
     def _logits(self, last: torch.Tensor) -> torch.Tensor:
-        """[1, vocab] float32 logits of the final-normed hidden state `last` [1, hidden]."""
+        """[T, vocab] float32 logits of the final-normed hidden states `last` [T, hidden]."""
         if self.lm_head_low is None:
             return _project(last, self.lm_head)
+        if last.shape[0] > 1:  # each row as the one-row path scores it: bf16 for all, float32 for its best
+            logits = F.linear(last.to(self.dtype), self.lm_head_low).float()
+            best = logits.topk(min(REFINED, logits.shape[1]), dim=-1).indices  # [T, REFINED]
+            exact = torch.einsum("tkh,th->tk", self.lm_head[best], last)
+            return logits.scatter_(1, best, exact)
         logits = torch.mv(self.lm_head_low, last[0].to(self.dtype)).float()
         best = logits.topk(min(REFINED, logits.shape[0])).indices
         logits[best] = torch.mv(self.lm_head[best], last[0])

