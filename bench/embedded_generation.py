@@ -92,7 +92,7 @@ def _first_call_seconds(gguf_only: bool, engine: str | None = None) -> float:
 
 
 def _conversation(engine: Any, prompt: list[int], replies: list[list[int]] | None, turns: int, new_tokens: int,
-                  eos: int, tool_turn: list[int]) -> tuple[float, list[list[int]], int]:
+                  eos: int, tool_turn: list[int], speculate: int) -> tuple[float, list[list[int]], int]:
     """An agent's calls through kv_decode with a prefix cache: (seconds of call time, the replies, prompt
     tokens in all). Each prompt is the last one + its reply + `tool_turn`; given `replies`, those are the
     replies fed back (so every engine is asked the very same prompts), else its own."""
@@ -101,7 +101,8 @@ def _conversation(engine: Any, prompt: list[int], replies: list[list[int]] | Non
     cache, conversation, seconds, made, prompt_tokens = PrefixCache(), list(prompt), 0.0, [], 0
     for turn in range(turns):
         started = time.perf_counter()
-        reply = decode(engine, conversation, max_new_tokens=new_tokens, eos_id=eos, prefix_cache=cache)
+        reply = decode(engine, conversation, max_new_tokens=new_tokens, eos_id=eos, prefix_cache=cache,
+                       speculate=speculate)
         seconds += time.perf_counter() - started
         made.append(reply.ids)
         prompt_tokens += len(conversation)
@@ -172,6 +173,9 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
                           "<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     prefill: dict[str, list[float]] = {"ours": [], "exact": [], "peer": [], "llama": []}
     dec: dict[str, list[float]] = {"ours": [], "exact": [], "peer": [], "llama": []}
+    # smollm2's prompt-lookup speculation (greedy: it changes no token) for ours; the float32 row without it
+    speculate = {"ours": model.settings.speculate, "exact": 0}
+    drafts = {"ours": [0, 0], "exact": [0, 0]}  # draft tokens verified, accepted
     with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
         _plain_generate(model.model, torch, prompt[:32], 2, eos)  # warm-up
         decode(ours, prompt[:32], max_new_tokens=2, eos_id=eos)
@@ -179,7 +183,9 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
             _llama_cpp(server, prompt[:32], 2, False)
         for _ in range(repeats):  # interleaved, so that a load change on the machine hits every path
             for name, engine in (("ours", ours), ("exact", exact)):
-                fresh = decode(engine, prompt, max_new_tokens=new_tokens, eos_id=eos)
+                fresh = decode(engine, prompt, max_new_tokens=new_tokens, eos_id=eos, speculate=speculate[name])
+                drafts[name][0] += fresh.drafted
+                drafts[name][1] += fresh.accepted
                 prefill[name].append(len(prompt) / fresh.prefill_s)
                 dec[name].append((len(fresh.ids) - 1) / fresh.decode_s)
             prefill_s, decode_s, produced = _plain_generate(model.model, torch, prompt, new_tokens, eos)
@@ -191,8 +197,9 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
                 if len(fresh.ids) > 1 and fresh.predicted_ms > 0:  # it may end its turn at once
                     dec["llama"].append((len(fresh.ids) - 1) / (fresh.predicted_ms / 1000))
         # the conversation: ours chooses the replies, the others are fed the same ones
-        ours_s, replies, prompt_tokens = _conversation(ours, prompt, None, turns, new_tokens, eos, tool_turn)
-        exact_s, _, _ = _conversation(exact, prompt, replies, turns, new_tokens, eos, tool_turn)
+        ours_s, replies, prompt_tokens = _conversation(ours, prompt, None, turns, new_tokens, eos, tool_turn,
+                                                       speculate["ours"])
+        exact_s, _, _ = _conversation(exact, prompt, replies, turns, new_tokens, eos, tool_turn, 0)
         peer_s, conversation = 0.0, list(prompt)
         for reply in replies:
             prefill_s, decode_s, _ = _plain_generate(model.model, torch, conversation, len(reply), eos)
@@ -236,7 +243,9 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
         f"{str(dtype).removeprefix('torch.')} weights (lean_llama.py: fused projections, the rotary embedding as one "
         "complex product, an in-place KV cache in the weights' dtype, bf16 matrix-vector products and AMX tiles "
         "where the CPU has them, the 64 best-scored tokens' logits re-scored in float32). All three rows' "
-        "targets are on it. `orchard float32 (exact)` is the "
+        "targets are on it. Greedy decoding there uses prompt-lookup speculation (ORCHARD_SMOLLM2_SPECULATE="
+        f"{speculate['ours']}; exact: the same tokens): in the decode row {drafts['ours'][1]} of "
+        f"{drafts['ours'][0]} draft tokens were accepted. `orchard float32 (exact)` is the "
         "same forward pass in float32 (generate's greedy ids, logprobs to 1e-4). Threads: "
         f"{smollm2.generation_threads()} (ORCHARD_SMOLLM2_THREADS, else half the CPUs, at most 4).",
         "The peer is plain `model.generate` on the transformers model (float32, greedy, its own KV cache, "

@@ -12,7 +12,8 @@ the prompt and completion token ids and the logprob of every completion token.
   same weights, in bfloat16 where the CPU computes it natively (else float32); or `transformers`, the
   transformers model itself in float32, whose fresh calls give `generate`'s very ids and logprobs. Or,
   for inference only, `llama_cpp`: a llama-server on the Q4_1 GGUF itself (llama_cpp_engine.py), asked with
-  the same prompt ids, its own prompt cache, the quantized model's logprobs.
+  the same prompt ids, its own prompt cache, the quantized model's logprobs. On the lean engine greedy
+  requests use exact prompt-lookup speculative decoding (prompt_lookup.py; ORCHARD_SMOLLM2_SPECULATE, 0: off).
   `_generate_reference` is plain `generate`, kept to check the others against and to measure them by
   (bench/embedded_generation.py).
 - Generation is greedy unless `temperature` > 0 (then sampled from the 50 most likely tokens, with `top_p`,
