@@ -103,3 +103,23 @@ def test_speculation_is_set_from_the_environment(monkeypatch):
     monkeypatch.setenv("ORCHARD_SMOLLM2_SPECULATE", "lots")
     with pytest.raises(ModelError, match="ORCHARD_SMOLLM2_SPECULATE a draft length 0-32"):
         EngineSettings.from_environment()
+
+
+# --- the real SmolLM2 -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_smollm2_speculation_changes_no_token():
+    """The default engine (bf16 where the CPU has it) on a reply that copies its prompt: drafts are accepted,
+    and the ids are one-token decoding's."""
+    from orchard.policies import smollm2
+
+    model = smollm2.get_model()
+    text = "cd /srv/app && python -m pytest tests/test_config.py -q --maxfail=1"
+    prompt = model.prompt_ids([{"role": "user", "content": f"Repeat this command exactly: {text}"}], None)
+    with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
+        plain = decode(model.engine, prompt, max_new_tokens=32, eos_id=model.end_of_turn_id)
+        fast = decode(model.engine, prompt, max_new_tokens=32, eos_id=model.end_of_turn_id, speculate=8)
+    assert fast.accepted > 0 and fast.ids == plain.ids
+    # bf16: a verified position goes through the matrix product, a step through the matrix-vector one (0.06 apart
+    # at most, measured); both within test_lean_llama's bf16 tolerance of the float32 model
+    assert fast.logprobs == pytest.approx(plain.logprobs, abs=0.25)
