@@ -10,7 +10,10 @@ Per token the loop does one forward of one token (`logits_to_keep=1`), one log-s
 (the token's logprob and the top-k, as the recorded trajectory needs), and the token choice exactly as
 `generate` makes it: argmax of the raw logits when greedy; else the same transformers warpers
 (temperature, top-k, top-p, in its order) on the logits, softmax, and `torch.multinomial` on torch's
-global generator, so a seed gives the same tokens as `generate` with that seed. Stop conditions are `generate`'s: the
+global generator, so a seed gives the same tokens as `generate` with that seed. Greedy calls with `speculate`
+on a model with `verify` (lean_llama.LeanLlama) feed prompt-lookup drafts (prompt_lookup.py) and the current
+token in one forward pass and keep the drafts the model's argmax confirms, token by token: the same ids as
+one token per pass, fewer passes where the reply copies its context. Stop conditions are `generate`'s: the
 end-of-turn id, `max_new_tokens`, stop strings through transformers' `StopStringCriteria`, and a
 deadline.
 
