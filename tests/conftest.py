@@ -1,5 +1,9 @@
 """Fixtures shared by test modules."""
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from tests.harness_bundle_rig import SessionBundles
@@ -40,3 +44,15 @@ def sandbox_home(tmp_path):
     directory.mkdir()
     yield directory
     remove_live_sandboxes(directory)
+
+
+@pytest.fixture
+def short_tmp():
+    """A temporary directory with a short path, removed afterwards, for what holds Unix sockets: a socket's
+    path is limited to 107 bytes, and `tmp_path` grows with pytest's run counter (machine-wide, never
+    reset) and the test's name, so a socket under it fails once the counter has enough digits."""
+    directory = Path(tempfile.mkdtemp(prefix="o-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -38,14 +38,14 @@ def base_url() -> str:
 
 
 @pytest.fixture
-def make_backend(base_url, tmp_path):
+def make_backend(base_url, short_tmp):
     """Backends on the real daemon, one instance label per test; what a test leaves is removed."""
     instance = f"t{secrets.token_hex(4)}"
     made: list[DockerBackend] = []
 
     def make(**overrides) -> DockerBackend:
         options = {"base_url": base_url, "instance": instance, "default_image": TEST_IMAGE,
-                   "pull": "never", "run_dir": tmp_path / "run", "bundle_cache_dir": _bundle_cache(),
+                   "pull": "never", "run_dir": short_tmp / "run", "bundle_cache_dir": _bundle_cache(),
                    **overrides}
         backend = DockerBackend(DockerConfig(**options))
         made.append(backend)
@@ -247,7 +247,7 @@ async def test_a_second_backend_readopts_from_labels(make_backend, base_url):
 
 
 @pytest.mark.docker
-async def test_a_missing_image_is_the_callers_error_and_leaves_nothing(make_backend, base_url, tmp_path):
+async def test_a_missing_image_is_the_callers_error_and_leaves_nothing(make_backend, base_url, short_tmp):
     backend = make_backend(pull="missing")
     image = f"localhost/orchard-no-such-image:{secrets.token_hex(3)}"
     with pytest.raises(InvalidRequest) as err:
@@ -260,7 +260,7 @@ async def test_a_missing_image_is_the_callers_error_and_leaves_nothing(make_back
         assert api.containers(all=True, filters={"label": f"orchard.dev/instance={backend.instance}"}) == []
     finally:
         api.close()
-    assert list((tmp_path / "run").rglob("token")) == []
+    assert list((short_tmp / "run").rglob("token")) == []
 
 
 @pytest.mark.docker
@@ -280,14 +280,14 @@ async def test_a_dying_agent_fails_the_create_with_its_output(make_backend, base
 
 
 @pytest.mark.docker
-async def test_the_same_id_twice_is_refused_without_touching_the_first(make_backend, tmp_path):
+async def test_the_same_id_twice_is_refused_without_touching_the_first(make_backend, short_tmp):
     backend = make_backend()
     first = await backend.create("twice", _spec(), "t")
     with pytest.raises(InvalidRequest, match="already exists"):
         await backend.create("twice", _spec(), "t")
     # Another orchestrator of the instance whose run_dir differs: its host directory is new, the daemon
     # refuses the container name, and the first sandbox's container is left alone.
-    elsewhere = make_backend(run_dir=tmp_path / "e")
+    elsewhere = make_backend(run_dir=short_tmp / "e")
     with pytest.raises(InvalidRequest, match="already exists"):
         await elsewhere.create("twice", _spec(), "t")
     assert await backend.is_alive(first)

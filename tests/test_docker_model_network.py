@@ -22,11 +22,11 @@ pytestmark = pytest.mark.docker
 
 
 @pytest.fixture
-async def docker(tmp_path, gateway):
+async def docker(short_tmp, gateway):
     from orchard.sandbox.backends.docker import DockerBackend
 
     backend = DockerBackend(DockerConfig(base_url=require_daemon(), instance=f"t{secrets.token_hex(4)}",
-                                         default_image=TEST_IMAGE, pull="never", run_dir=tmp_path / "run",
+                                         default_image=TEST_IMAGE, pull="never", run_dir=short_tmp / "run",
                                          model_gateway=gateway.model_gateway))
     yield backend
     for found in await backend.list_live():

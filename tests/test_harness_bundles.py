@@ -232,7 +232,7 @@ async def test_kimi_cli_bundle_builds_and_runs_in_a_sandbox(tmp_path, bundle_hom
 # ---- other backends --------------------------------------------------------------------------------------
 
 @pytest.mark.docker
-async def test_the_docker_backend_mounts_the_bundle_read_only(tmp_path, bundle_home):
+async def test_the_docker_backend_mounts_the_bundle_read_only(short_tmp, bundle_home):
     """The same bundle, bound from this machine's cache into a container of the Debian test image."""
     from tests.docker_daemon import TEST_IMAGE, require_daemon
 
@@ -242,7 +242,7 @@ async def test_the_docker_backend_mounts_the_bundle_read_only(tmp_path, bundle_h
     from orchard.sandbox.backends.docker_config import DockerConfig
 
     backend = DockerBackend(DockerConfig(base_url=base_url, instance=f"t{secrets.token_hex(4)}", pull="never",
-                                         run_dir=tmp_path / "run", bundle_cache_dir=bundle_home / "cache"))
+                                         run_dir=short_tmp / "run", bundle_cache_dir=bundle_home / "cache"))
     assert backend.capabilities.harness_bundles
     token = secrets.token_hex(16)
     with pytest.raises(InvalidRequest, match="not built on this server"):
