@@ -171,18 +171,19 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
     repeats, new_tokens, turns = ctx.pick(3, 1), ctx.pick(48, 12), ctx.pick(4, 2)
     tool_turn = tokenizer(f"\n<|im_start|>user\n<tool_response>\n{TOOL_RESULT}\n</tool_response><|im_end|>\n"
                           "<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-    prefill: dict[str, list[float]] = {"ours": [], "exact": [], "peer": [], "llama": []}
-    dec: dict[str, list[float]] = {"ours": [], "exact": [], "peer": [], "llama": []}
-    # smollm2's prompt-lookup speculation (greedy: it changes no token) for ours; the float32 row without it
-    speculate = {"ours": model.settings.speculate, "exact": 0}
-    drafts = {"ours": [0, 0], "exact": [0, 0]}  # draft tokens verified, accepted
+    prefill: dict[str, list[float]] = {"ours": [], "plain": [], "exact": [], "peer": [], "llama": []}
+    dec: dict[str, list[float]] = {"ours": [], "plain": [], "exact": [], "peer": [], "llama": []}
+    # smollm2's prompt-lookup speculation (greedy: it changes no token) for ours; "plain" is the same engine
+    # without it (what a sampled request gets: speculation is greedy only), the float32 row without it too
+    speculate = {"ours": model.settings.speculate, "plain": 0, "exact": 0}
+    drafts = {"ours": [0, 0], "plain": [0, 0], "exact": [0, 0]}  # draft tokens verified, accepted
     with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
         _plain_generate(model.model, torch, prompt[:32], 2, eos)  # warm-up
         decode(ours, prompt[:32], max_new_tokens=2, eos_id=eos)
         if server is not None:
             _llama_cpp(server, prompt[:32], 2, False)
         for _ in range(repeats):  # interleaved, so that a load change on the machine hits every path
-            for name, engine in (("ours", ours), ("exact", exact)):
+            for name, engine in (("ours", ours), ("plain", ours), ("exact", exact)):
                 fresh = decode(engine, prompt, max_new_tokens=new_tokens, eos_id=eos, speculate=speculate[name])
                 drafts[name][0] += fresh.drafted
                 drafts[name][1] += fresh.accepted
@@ -228,6 +229,9 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
     rows = [
         row(f"prefill, one fresh {len(prompt)}-token prompt", pre, [Target(on="orchard/generate", op=">=", limit=TARGET_RATIO)]),
         row("decode after that prompt (greedy)", dec_rate, [Target(on="orchard/generate", op=">=", limit=TARGET_RATIO)]),
+        Row(metric="decode after that prompt, no speculation (as sampled requests decode)", unit="tokens/s",
+            ours=dec_rate["plain"], peers={PEER: dec_rate["peer"]},
+            ratios={"orchard/generate": ratio(dec_rate["plain"], dec_rate["peer"])}),
         row(f"agent conversation: {turns} calls, {prompt_tokens} prompt tokens in all, completion tokens per "
             "second of call time", agent, [Target(on="orchard/generate", op=">=", limit=TARGET_RATIO)]),
         Row(metric="first call in a fresh process: load + a 16-token answer", unit="s", ours=first_call,
