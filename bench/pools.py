@@ -18,6 +18,10 @@ from bench.results_model import Findings, Row, Target, ratio
 from bench.stats import LatencyStats
 
 CLAIM_P50_MS, CREATES_PER_S, K8S_CLAIM_P99_MS = 5.0, 40.0, 500.0
+# Untimed pause before each cold create: a create right after another one finds the kernel's cgroup
+# migration lock still in its slow mode and skips the RCU grace period (~8 ms here) that a create in a
+# program doing anything in between pays (bench/create_ready.py's notes).
+COLD_GAP_S = 0.1
 CLAIM, COLD = "claim from a pool", "cold create→ready"
 K8S_CLAIM, K8S_COLD, K8S_DRAINED = "k8s claim (burst)", "k8s cold create→Ready", "k8s create, pool drained"
 K8S_IMAGE = "localhost/orchard-base:local"
@@ -74,6 +78,7 @@ async def _embedded(ctx: BenchContext) -> Findings:
             await asyncio.gather(*(service.delete(sid) for sid in claimed_ids))
             colds = []
             for _ in range(cold_n):
+                await asyncio.sleep(COLD_GAP_S)
                 started = time.perf_counter()
                 info = await service.create(cold)
                 colds.append(time.perf_counter() - started)
@@ -98,7 +103,7 @@ async def _embedded(ctx: BenchContext) -> Findings:
     ]
     notes = [f"Claims: {size} creates one at a time from a full pool (refill paused while timed), each with an "
              "env (the agent's POST /claim: fresh token + env, one record write). Cold: the same service, a spec "
-             "of another template. Sustained: 8 clients create in a loop (each sandbox deleted in the background); the pool (refill_parallel 4) "
+             "of another template, each after a 0.1 s pause (so that it pays the kernel's wait at the cgroup move as a lone create does: bench/create_ready.py's notes). Sustained: 8 clients create in a loop (each sandbox deleted in the background); the pool (refill_parallel 4) "
              f"refills behind them; after the window: {status.claims} claims, {status.misses} misses in all.",
              "Memory: the proportional set size (PSS, shared pages split among their users) of every process of "
              "an idle member (bubblewrap, the agent), averaged over the pool; MB = 10^6 bytes."]
