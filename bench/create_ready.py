@@ -59,7 +59,7 @@ def _time_create(orchard, **spec) -> tuple[float, float, StartupTimings | None]:
 
 
 def _stages_note(creates: list[tuple[float, StartupTimings]]) -> str:
-    """The zygote create's p50 stage by stage, and what the SDK adds around them; `creates`: (create→ready
+    """The zygote create's p50 stage by stage, and what is added around them; `creates`: (create→ready
     in ms as the caller saw it, its startup timings)."""
     timings = [t for _, t in creates]
 
@@ -71,7 +71,8 @@ def _stages_note(creates: list[tuple[float, StartupTimings]]) -> str:
     outside = p50([wall - t.total_ms for wall, t in creates])
     return (f"Where a create with the zygote goes (p50 of each stage, from `sandbox.startup`): {parts}; the "
             f"orchestrator's whole create {p50([t.total_ms for t in timings]):.1f} ms, and {outside:.2f} ms more "
-            "in the sync SDK around it (the hop to its event-loop thread, the sandbox's client).")
+            "between the caller's clock and the orchestrator's: the record written once ready, then the sync "
+            "SDK (its hop to its event-loop thread, the sandbox's client).")
 
 
 def run(ctx: BenchContext) -> Findings:
