@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from orchard.core.errors import ModelError  # noqa: E402
 from orchard.policies.kv_decode import PrefixCache, decode  # noqa: E402
 from orchard.policies.lean_llama import LeanLlama, UnsupportedModel  # noqa: E402
+from tests.llama_rig import random_llama  # noqa: E402
 
 pytestmark = pytest.mark.model  # torch and transformers
 
@@ -26,12 +27,7 @@ BF16_TOLERANCE = 0.25  # docs/models.md: a bf16 logprob moved by up to ~0.1 from
 def tiny_llama():
     """A random SmolLM2-shaped Llama (grouped-query heads, tied embeddings), weights wide enough that the
     next token is rarely a near tie, so greedy ids are a fair comparison."""
-    config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, rope_theta=100000.0, tie_word_embeddings=True,
-        initializer_range=0.2)
-    torch.manual_seed(3)
-    return transformers.LlamaForCausalLM(config).float().eval()
+    return random_llama(512)
 
 
 def reference(model, prompt, new_tokens, eos):

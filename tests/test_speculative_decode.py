@@ -14,6 +14,7 @@ from orchard.core.errors import ModelError  # noqa: E402
 from orchard.policies.kv_decode import PrefixCache, decode  # noqa: E402
 from orchard.policies.lean_llama import LeanLlama  # noqa: E402
 from orchard.policies.prompt_lookup import draft  # noqa: E402
+from tests.llama_rig import random_llama  # noqa: E402
 
 pytestmark = pytest.mark.model  # torch and transformers
 
@@ -23,12 +24,7 @@ NO_EOS = 99  # outside the vocabulary: generation runs to max_new_tokens
 
 @pytest.fixture(scope="module")
 def small_vocab_llama():
-    config = transformers.LlamaConfig(
-        vocab_size=24, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, rope_theta=100000.0, tie_word_embeddings=True,
-        initializer_range=0.2)
-    torch.manual_seed(3)
-    return transformers.LlamaForCausalLM(config).float().eval()
+    return random_llama(24)
 
 
 def test_a_draft_is_what_followed_the_last_ngrams_most_recent_occurrence():

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from orchard.core.errors import InvalidRequest, OrchardError
+from orchard.core.errors import InvalidRequest, OrchardError, exception_text
 from orchard.eval.results import EvalResults, read_results
 from orchard.eval.run_config import read_model_file
 from orchard.util.files import atomic_write_bytes
@@ -162,5 +162,5 @@ def study_run_directories(out_dir: Path) -> tuple[list[Path], list[StudyCell]]:
 
 
 def _error_text(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    text = exception_text(exc)
     return text if isinstance(exc, OrchardError) else f"{type(exc).__name__}: {text}"

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from orchard.core.errors import InvalidRequest, ModelError, ModelRateLimited, ModelUnreachable, OrchardError
+from orchard.core.errors import (
+    InvalidRequest,
+    ModelError,
+    ModelRateLimited,
+    ModelUnreachable,
+    OrchardError,
+    exception_text,
+)
 from orchard.gateway.config import BUILTIN_PROVIDER_PREFIX, ModelRoute
 from orchard.gateway.direct import ClientPool, api_key, direct_target, post_completion, request_body
 from orchard.gateway.wire import ChatCompletionRequest
@@ -168,7 +175,7 @@ def _root_cause(exc: BaseException) -> str:
     while (exc.__cause__ or exc.__context__) is not None and id(exc) not in seen:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
-    return str(exc) or type(exc).__name__
+    return exception_text(exc)
 
 
 def _provider_message(exc: Exception) -> str:

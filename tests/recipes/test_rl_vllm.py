@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -36,6 +37,28 @@ def tokenizer():
     return smollm2_tokenizer()
 
 
+def _send_json(handler: BaseHTTPRequestHandler, payload: bytes) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+@contextlib.contextmanager
+def _serving(handler: type[BaseHTTPRequestHandler]):
+    """A stand-in server on a free port, on a thread; its /v1 base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 @pytest.fixture
 def stand_in(tokenizer):
     """A real HTTP server speaking vLLM's completions reply (scripted ids; see the module docstring)."""
@@ -54,24 +77,13 @@ def stand_in(tokenizer):
                 "index": 0, "text": "", "finish_reason": "stop", "token_ids": ids,
                 "prompt_token_ids": body["prompt"],
                 "logprobs": {"tokens": [], "token_logprobs": [-0.25] * len(ids)}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            _send_json(self, payload)
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", received, replies
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with _serving(Handler) as url:
+        yield url, received, replies
 
 
 def test_prompts_go_as_ids_and_the_next_prompt_extends_the_sampled_ids(tokenizer, stand_in):
@@ -227,19 +239,11 @@ def test_calls_of_different_rollouts_reach_the_server_at_once(tokenizer):
             arrived.wait()
             payload = json.dumps({"choices": [{"token_ids": [eot], "prompt_token_ids": body["prompt"],
                                                "logprobs": {"token_logprobs": [-0.1]}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            _send_json(self, payload)
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    policy = VLLMPolicy(tokenizer=tokenizer, url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                        served_model="served")
     results: dict[str, Any] = {}
 
     def rollout(key: str) -> None:
@@ -249,17 +253,16 @@ def test_calls_of_different_rollouts_reach_the_server_at_once(tokenizer):
         except Exception as exc:  # reported by the assertion below
             results[key] = exc
 
-    try:
-        workers = [threading.Thread(target=rollout, args=(key,)) for key in ("a", "b")]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-    finally:
-        policy.close()
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with _serving(Handler) as url:
+        policy = VLLMPolicy(tokenizer=tokenizer, url=url, served_model="served")
+        try:
+            workers = [threading.Thread(target=rollout, args=(key,)) for key in ("a", "b")]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+        finally:
+            policy.close()
     assert all(not isinstance(r, Exception) for r in results.values()), results
     assert {key: r.completion_token_ids for key, r in results.items()} == {"a": [eot], "b": [eot]}
 
