@@ -9,6 +9,7 @@ sandbox keys."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -251,14 +252,18 @@ def _sandbox_key_of(cgroup_line: str) -> str | None:
 
 def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
     """What of the sandboxes `ids` (and any sandbox carrying `mark`) is left under `home`'s local backend:
-    processes (by the mark in their environment, or by living in one of the sandboxes' cgroups), mounts
-    of the home or the sandboxes' run dirs, cgroups named by the sandboxes' keys, their directories, and
-    store rows not `deleted`."""
+    processes (by the mark in their environment, or by living in one of the sandboxes' cgroups or a
+    spare's), mounts of the home or the sandboxes' run dirs, cgroups named by the sandboxes' keys and the
+    backend's spares (local_spares.py: made ahead of creates, they must not outlive their orchestrator),
+    their directories, and store rows not `deleted`."""
     from orchard.sandbox.backends import cgroups
+    from orchard.sandbox.backends.local_spares import SPARE_INFIX
     from orchard.sandbox.backends.registry import backend_config, create_backend
 
     backend = create_backend(backend_config("local", home))
     keys = {backend._key(sandbox_id) for sandbox_id in ids}
+    spare_groups = _groups_named(f"{backend.owner}-{SPARE_INFIX}")
+    keys |= {Path(group).name for group in spare_groups}
     run_dirs = {str(backend.run_base / key) for key in keys}
     needle = f"{MARK}={mark}".encode()
     found = Footprint()
@@ -287,6 +292,17 @@ def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
     found.network = local_network_leftovers(keys)
     found.records = sorted(f"{sandbox_id}={state}" for sandbox_id, state in store_states(home).items()
                            if state not in FINISHED_STATES)
+    return found
+
+
+def _groups_named(prefix: str) -> list[str]:
+    """Sandbox groups (beneath an `orchard` group of this process's cgroups) whose name starts with `prefix`."""
+    from orchard.sandbox.backends import cgroups
+
+    found = []
+    for group, _, _ in cgroups.placements("probe"):
+        with contextlib.suppress(OSError):
+            found += [str(g) for g in group.parent.iterdir() if g.is_dir() and g.name.startswith(prefix)]
     return found
 
 

@@ -22,6 +22,10 @@ capability dropped but those the agent needs to set itself up (the bounding set 
 sandbox's environment and working directory, no descriptor but its own; and runs the agent's `main`
 with the module search path pointing at the bundle where the sandbox has it mounted (/.orchard).
 
+A child can also be forked ahead of its request (a park: `_start`), joining the cgroups of a spare made
+before its sandbox (the backend's local_spares.py) and then waiting for the request on a socket of its
+own, so that no cgroup move is left for the create.
+
 The zygote reads requests until the backend closes its end, then exits; it reaps its own children (a
 subreaper, in case any is orphaned); the agents are the sandboxes' own."""
 
@@ -90,7 +94,7 @@ def serve(control_fd: int):
         if pid == 0:
             try:
                 control.close()
-                _enter(json.loads(bytes(buffer[:size])), fds)
+                _start(json.loads(bytes(buffer[:size])), fds)
             finally:
                 os._exit(1)
         buffer[:size] = bytes(size)
@@ -160,15 +164,42 @@ def _reap():
         pass
 
 
+def _start(request: dict, fds: list):
+    """In the zygote's child: a request (`_enter`), or a park: the child joins the cgroups named now (a
+    spare's, made before its sandbox: the backend's local_spares.py), says `parked` on the socket that came
+    with it, and waits there for the request, so that no cgroup move is left for the create. Returns (to
+    exit) when that socket closes first: the spare was discarded."""
+    if not request.get("park"):
+        _enter(request, fds)
+        return
+    park = socket.socket(fileno=fds[0])
+    try:
+        _join(request["cgroup_procs"])
+        park.send(b"parked")
+    except BaseException as exc:
+        _answer(fds, {"error": "%s: %s" % (type(exc).__name__, exc)})
+        return
+    buffer = bytearray(MAX_REQUEST)
+    size, fds = _receive(park, buffer)
+    park.close()
+    if size:
+        _enter(json.loads(bytes(buffer[:size])), fds)
+
+
+def _join(cgroup_procs: list):
+    """Move this process into the groups whose `cgroup.procs` files are named."""
+    for procs in cgroup_procs:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+
+
 def _enter(request: dict, fds: list):
     """In the zygote's child: see the module's docstring. Answers on the request's socket (`fds[0]`),
     then returns (to exit)."""
     answer_fd, init_fd, fds = fds[0], fds[1], fds[2:]
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for procs in request["cgroup_procs"]:
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
+        _join(request["cgroup_procs"])
         if request.get("nproc"):
             import resource
 

@@ -20,6 +20,7 @@ against them before, no longer does."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -53,6 +54,8 @@ class CgroupSet(BaseModel):
     controllers: list[str] = []  # those the groups have (and whose limits were set)
     enter: list[str] = []  # where the sandbox starts (the `agent` leaves with `split`); [] = paths
     workload: list[str] = []  # the `workload` leaves, [] without `split`
+    # (group, version, its controllers, those split into leaves): what `set_limits` writes the spec into
+    placed: list[tuple[str, int, list[str], list[str]]] = []
 
     @property
     def procs_files(self) -> list[str]:
@@ -145,55 +148,99 @@ def create_cgroups(name: str, spec: SandboxSpec, split: bool = False) -> CgroupS
     have: list[str] = []
     enter: list[str] = []
     workload: list[str] = []
+    placed: list[tuple[str, int, list[str], list[str]]] = []
     try:
         for group, version, controllers in placements(name):
             controllers = _make_group(group, version, controllers)
             made.append(str(group))
             versions[str(group)] = version
             split_here = [c for c in controllers if c in SPLIT_CONTROLLERS] if split else []
-            for c in controllers:
-                if c not in split_here:
-                    _set_limit(group, version, c, spec)
+            placed.append((str(group), version, controllers, split_here))
             have += controllers
             if not split_here:
                 enter.append(str(group))
                 continue
-            _set_sandbox_limits(group, version, split_here, spec)
-            leaves = _make_leaves(group, version, split_here, spec)
+            if version == 2:
+                _v2_enable(group, split_here)
+            leaves = _make_leaves(group, version, split_here)
             made[-1:] = [str(leaf) for leaf in leaves] + [str(group)]
             versions.update({str(leaf): version for leaf in leaves})
             workload.append(str(leaves[0]))
             enter.append(str(leaves[1]))
+        if not made:
+            return None
+        made_set = CgroupSet(paths=made, version=versions, controllers=have, enter=enter if split else [],
+                             workload=workload, placed=placed)
+        set_limits(made_set, spec)
     except LimitNotApplied as e:
         remove_cgroups(made)
         raise InvalidRequest(str(e)) from None
+    except InvalidRequest:
+        remove_cgroups(made)
+        raise
     except OSError as e:
         log.warning("cgroups are not usable here (%s); only limits that hold without them are accepted", e)
         remove_cgroups(made)
         return None
-    if not made:
-        return None
-    return CgroupSet(paths=made, version=versions, controllers=have, enter=enter if split else [],
-                     workload=workload)
+    return made_set
 
 
-def _set_sandbox_limits(group: Path, version: int, controllers: list[str], spec: SandboxSpec) -> None:
-    """The sandbox's own group with `split`: memory for both leaves together (pids: the leaves' own)."""
-    if "memory" in controllers and spec.memory_mb:
-        both = spec.model_copy(update={"memory_mb": spec.memory_mb + AGENT_MEMORY_MB})
-        _set_limit(group, version, "memory", both)
-    if version == 2:
-        _v2_enable(group, controllers)
+def set_limits(groups: CgroupSet, spec: SandboxSpec) -> None:
+    """Write the spec's limits into groups made with none (by `create_cgroups`, or a spare's made ahead of
+    its sandbox, local_spares.py): the spec's own on the workload's leaves with a split, the memory of both
+    leaves on the sandbox's group. InvalidRequest when the kernel refuses one or keeps another value;
+    OSError when the groups cannot be written at all."""
+    try:
+        for group, version, controllers, split_here in groups.placed:
+            for c in controllers:
+                if c not in split_here:
+                    _set_limit(Path(group), version, c, spec)
+            if "memory" in split_here and spec.memory_mb:
+                both = spec.model_copy(update={"memory_mb": spec.memory_mb + AGENT_MEMORY_MB})
+                _set_limit(Path(group), version, "memory", both)
+            for c in split_here:
+                _set_limit(Path(group) / WORKLOAD_LEAF, version, c, spec)
+    except LimitNotApplied as e:
+        raise InvalidRequest(str(e)) from None
 
 
-def _make_leaves(group: Path, version: int, controllers: list[str], spec: SandboxSpec) -> list[Path]:
-    """[workload, agent] leaves of `group`, made and limited."""
+def rename_cgroups(groups: CgroupSet, name: str) -> CgroupSet:
+    """The same groups under `name` (cgroup v1 only: cgroup2 has no rename), with everything in them: how a
+    spare's groups become its sandbox's. A failure renames back those already renamed and raises OSError."""
+    if any(version != 1 for version in groups.version.values()):
+        raise OSError(errno.EOPNOTSUPP, "cgroup2 groups cannot be renamed")
+    moves = [(group, str(Path(group).with_name(name))) for group, _, _, _ in groups.placed]
+    done = []
+    try:
+        for old, new in moves:
+            os.rename(old, new)
+            done.append((old, new))
+    except OSError:
+        for old, new in reversed(done):
+            with contextlib.suppress(OSError):
+                os.rename(new, old)
+        raise
+
+    def renamed(path: str) -> str:
+        for old, new in moves:
+            if path == old or path.startswith(old + "/"):
+                return new + path[len(old):]
+        return path
+
+    return CgroupSet(paths=[renamed(p) for p in groups.paths],
+                     version={renamed(p): v for p, v in groups.version.items()},
+                     controllers=groups.controllers, enter=[renamed(p) for p in groups.enter],
+                     workload=[renamed(p) for p in groups.workload],
+                     placed=[(renamed(g), v, c, s) for g, v, c, s in groups.placed])
+
+
+def _make_leaves(group: Path, version: int, controllers: list[str]) -> list[Path]:
+    """[workload, agent] leaves of `group`, made; the agent's own limits set (the workload's are the
+    spec's: `set_limits`)."""
     leaves = [group / WORKLOAD_LEAF, group / AGENT_LEAF]
     for leaf in leaves:
         leaf.mkdir()
-    workload, agent = leaves
-    for c in controllers:
-        _set_limit(workload, version, c, spec)
+    agent = leaves[1]
     if "pids" in controllers:
         _apply(agent / "pids.max", str(AGENT_PIDS), "the agent's own pids.max")
     if "memory" in controllers and version == 2 and (agent / "memory.min").exists():

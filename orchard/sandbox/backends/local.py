@@ -37,12 +37,13 @@ from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, S
                                             validate_disk, validate_image, validate_network, with_image_env)
 from orchard.sandbox.backends.local_config import AGENT_APART_ENV, LocalConfig, local_capabilities
 from orchard.sandbox.backends.local_gateway import agent_gateway_args, gateway_socket_for, model_gateway_socket
-from orchard.sandbox.backends.local_launch import (check_health, launch_argv, protect_workload_init,
-                                                   read_info, release_userns, spawn, wait_ready_line,
-                                                   writable_subdirs)
+from orchard.sandbox.backends.local_launch import (check_health, launch_argv, launch_command, limit_lines,
+                                                   protect_workload_init, read_info, release_userns, spawn,
+                                                   wait_ready_line, writable_subdirs)
 from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
 from orchard.sandbox.backends.local_procs import (file_age, fds_named_in, kill, never_readable_fd, rmtree, tail,
                                                   wait_gone)
+from orchard.sandbox.backends.local_spares import Spare, SpareReserve
 from orchard.sandbox.backends.local_zygote import Zygote, ZygoteEntry, begin_entry, read_ready, zygote_wanted
 from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
@@ -86,7 +87,7 @@ class LocalBackend:
     def __init__(self, root_dir: Path | None = None, *, run_dir: Path | None = None,
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0,
                  agent_apart: bool | None = None, model_gateway: str | None = None,
-                 image_dir: Path | None = None, zygote: bool | None = None) -> None:
+                 image_dir: Path | None = None, zygote: bool | None = None, spares: int = 1) -> None:
         self.root_dir = Path(root_dir) if root_dir is not None else orchard_home() / "sandboxes"
         self.images = ImageStore(Path(image_dir) if image_dir is not None else orchard_home() / "images")
         self.run_base = (Path(run_dir) if run_dir is not None
@@ -100,6 +101,7 @@ class LocalBackend:
         self._children: dict[str, subprocess.Popen] = {}
         self.zygote = zygote
         self._zygote: Zygote | None = None
+        self.spares = spares
         self.gateway_socket = model_gateway_socket(model_gateway)  # network.gateway's (unix:/PATH)
         self.capabilities = local_capabilities(model_gateway=self.gateway_socket is not None)
 
@@ -107,7 +109,8 @@ class LocalBackend:
     def from_config(cls, config: LocalConfig) -> "LocalBackend":
         return cls(config.root_dir, run_dir=config.run_dir, bundle_cache_dir=config.bundle_cache_dir,
                    ready_timeout_s=config.ready_timeout_s, agent_apart=config.agent_apart,
-                   model_gateway=config.model_gateway, image_dir=config.image_dir, zygote=config.zygote)
+                   model_gateway=config.model_gateway, image_dir=config.image_dir, zygote=config.zygote,
+                   spares=config.spares)
 
     # ---- paths ---------------------------------------------------------------------------------------
 
@@ -173,6 +176,10 @@ class LocalBackend:
             self._bundle = await asyncio.to_thread(ensure_agent_bundle, self.bundle_cache_dir)
         return self._bwrap, self._bundle
 
+    @functools.cached_property
+    def _spares(self) -> SpareReserve:
+        return SpareReserve(self.spares, self.owner)
+
     async def _zygote_for(self, bundle: AgentBundle) -> Zygote:
         """The running zygote for `bundle`, started (again) when there is none."""
         if self._zygote is None or not self._zygote.alive() or self._zygote.bundle.path != bundle.path:
@@ -187,14 +194,18 @@ class LocalBackend:
     async def create(self, sandbox_id: str, spec: SandboxSpec, token: str, *, owner: str = "") -> BackendSandbox:
         # bwrap binds the host's directories recursively; a mount appearing or vanishing under one of them
         # meanwhile (e.g. a container runtime's netns) fails that bind. It is transient: try again.
-        for attempt in range(1, MOUNT_RACE_ATTEMPTS + 1):
-            try:
-                return await self._create_once(sandbox_id, spec, token)
-            except BackendError as e:
-                if attempt == MOUNT_RACE_ATTEMPTS or not any(m in str(e) for m in MOUNT_RACE_MESSAGES):
-                    raise
-                await asyncio.sleep(0.05 * attempt)
-        raise AssertionError("unreachable")
+        try:
+            for attempt in range(1, MOUNT_RACE_ATTEMPTS + 1):
+                try:
+                    return await self._create_once(sandbox_id, spec, token)
+                except BackendError as e:
+                    if attempt == MOUNT_RACE_ATTEMPTS or not any(m in str(e) for m in MOUNT_RACE_MESSAGES):
+                        raise
+                    await asyncio.sleep(0.05 * attempt)
+            raise AssertionError("unreachable")
+        finally:
+            if self._zygote is not None:  # the next create's spare, made once this one is done
+                self._spares.fill(self._zygote)
 
     async def _create_once(self, sandbox_id: str, spec: SandboxSpec, token: str) -> BackendSandbox:
         started = time.perf_counter()
@@ -219,6 +230,7 @@ class LocalBackend:
         self._make_private()
         remap = remaps_ids()
         zygote = await self._zygote_for(bundle) if zygote_wanted(remap, self.zygote) else None
+        spare = self._spares.take(zygote) if zygote is not None else None  # its cgroups, processes in them
         try:
             paths.sandbox_dir.mkdir(mode=0o700)
         except FileExistsError:
@@ -253,8 +265,13 @@ class LocalBackend:
                         os.chmod(paths.writable_dir / sub, 0o1777)
                     if remap:  # the sandbox's root owns its writable layer
                         os.chown(paths.writable_dir / sub, REMAP_BASE, REMAP_BASE)
-            cg = cgroups.create_cgroups(self._key(sandbox_id), spec, split=remap)
+            cg = self._adopt(spare, sandbox_id) if spare is not None else None
+            if cg is None:
+                spare = None
+                cg = cgroups.create_cgroups(self._key(sandbox_id), spec, split=remap)
             handle.cgroups = cg.paths if cg else []
+            if spare is not None:
+                cgroups.set_limits(cg, spec)
             require_enforceable(spec, cg)  # no limit silently weaker than asked
             # Recorded before anything runs and again once its processes are known, so that list_live can
             # clean up after a crash at any point (the cgroups hold every process of the sandbox).
@@ -274,22 +291,37 @@ class LocalBackend:
             owner = f"{REMAP_BASE}:{REMAP_BASE}" if remap else ""
             # With the zygote, bwrap gets a pipe to block on (never written: it holds a write end of its
             # own) in the place of the agent's socket, which goes to the zygote instead.
-            hold_fd = never_readable_fd() if zygote is not None else None
-            proc, info_r, userns_w = spawn(
-                lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
-                lambda info_fd, token_fd, block_fd: bwrap_args(
-                    spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd, token_fd,
-                    hidden=self._hidden_paths(), userns_block_fd=block_fd, gateway_socket=gateway_socket,
-                    harness_bundles=harness_bundles, hold_fd=hold_fd),
-                paths, token, hold_fd if hold_fd is not None else listener.fileno(), block_userns=remap, keep_fds=tuple(workload_fds))
-            hold_number = hold_fd  # bwrap has it at this number
-            if hold_fd is not None:  # copies of the agent's descriptors, for the zygote to hand it
-                os.close(hold_fd)
-                hold_fd = None
+            hold_fd = never_readable_fd() if zygote is not None and spare is None else None
+            hold_number = spare.hold_number if spare is not None else hold_fd  # bwrap has it at this number
+
+            def make_bwrap_args(info_fd: int, token_fd: int, block_fd: int | None) -> list[str]:
+                return bwrap_args(spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd, token_fd,
+                                  hidden=self._hidden_paths(), userns_block_fd=block_fd,
+                                  gateway_socket=gateway_socket, harness_bundles=harness_bundles,
+                                  hold_fd=hold_number)
+
+            if spare is not None:  # bwrap from the spare's shell, in the cgroups already
+                proc, info_r, userns_w = spare.launch(
+                    make_bwrap_args(spare.info_number, spare.token_fd, spare.block_number),
+                    launch_command(bwrap, spare.args_fd, agent_argv, spec, rootfs, paths, owner),
+                    limit_lines(spec, cg), paths.log_file, token)
+            else:
+                proc, info_r, userns_w = spawn(
+                    lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
+                    make_bwrap_args, paths, token, hold_fd if hold_fd is not None else listener.fileno(),
+                    block_userns=remap, keep_fds=tuple(workload_fds))
+            if zygote is not None:  # copies of the agent's descriptors, for the zygote to hand it
+                if hold_fd is not None:
+                    os.close(hold_fd)
+                    hold_fd = None
                 agent_fds = [(n, os.dup(n)) for n in fds_named_in(agent_argv)]
-                # Sent now: the zygote's child forks and joins the cgroups while bwrap makes the namespaces.
+                # Sent now: the zygote's child forks and joins the cgroups while bwrap makes the namespaces
+                # (a spare's child is in them already).
                 entry, ready_r = begin_entry(zygote, spec, rootfs, env, cg, agent_argv, hold_number or 0,
-                                             agent_fds, paths, bundle)
+                                             agent_fds, paths, bundle,
+                                             parked=spare.parked if spare is not None else None)
+                if spare is not None:
+                    spare.parked.close()
                 for _, fd in agent_fds:
                     os.close(fd)  # (the zygote has its own copies)
                 agent_fds = []
@@ -344,6 +376,8 @@ class LocalBackend:
                                      total_ms=(time.perf_counter() - started) * 1000)
             return BackendSandbox(id=sandbox_id, agent_url=agent_url, handle=handle.model_dump(), timings=timings)
         except BaseException as e:
+            if spare is not None:
+                spare.close_fds()  # its processes are in the sandbox's cgroups: removed with them below
             if listener is not None:
                 listener.close()
             for _, fd in agent_fds:
@@ -366,6 +400,16 @@ class LocalBackend:
                 raise BackendError(f"sandbox {sandbox_id} failed to start: {e}"
                                    + (f"; agent output: {agent_log}" if agent_log else "")) from e
             raise
+
+    def _adopt(self, spare: Spare, sandbox_id: str) -> cgroups.CgroupSet | None:
+        """The spare's groups renamed to the sandbox's key; None (the spare discarded) when they cannot be
+        (a leftover of an earlier sandbox of this id holds the name): the create makes its own then."""
+        try:
+            return cgroups.rename_cgroups(spare.groups, self._key(sandbox_id))
+        except OSError as e:
+            log.info("a spare's cgroups could not take sandbox %s's name (%s): making its own", sandbox_id, e)
+            spare.discard()
+            return None
 
     def _start_network(self, sandbox_id: str, spec: SandboxSpec, handle: LocalHandle,
                        agent_url: str) -> "Future[int]":
@@ -488,7 +532,8 @@ class LocalBackend:
         # before a sandbox's cgroups are made until after they are removed). Only groups named by this
         # backend's keys: another backend's create in progress has its run dir elsewhere.
         def in_use() -> set[str]:  # read after the groups are listed: a create makes its run dir first
-            return set(os.listdir(self.run_base)) if self.run_base.is_dir() else set()
+            made = set(os.listdir(self.run_base)) if self.run_base.is_dir() else set()
+            return made | self._spares.names()  # (a spare's groups are empty until its shell moves in)
 
         for group in await asyncio.to_thread(cgroups.remove_abandoned_groups, in_use, f"{self.owner}-"):
             log.info("removed abandoned cgroup %s", group)
@@ -499,6 +544,7 @@ class LocalBackend:
     async def close(self) -> None:
         """Stops the zygote; sandboxes keep running by design, and their state is on disk."""
         self._children.clear()
+        await asyncio.to_thread(self._spares.close)
         if self._zygote is not None:
             zygote, self._zygote = self._zygote, None
             await asyncio.to_thread(zygote.close)

@@ -35,6 +35,10 @@ class LocalConfig(BackendConfig):
                                                           "instead of starting one per sandbox (root only; "
                                                           f"default on, off with {ZYGOTE_ENV}=0); see "
                                                           "docs/local-backend.md#start-path")
+    spares: int = Field(default=1, ge=0, le=8, description="sandboxes' cgroups made ahead of their creates, "
+                                                         "with the processes that start a sandbox already in "
+                                                         "them (with the zygote, cgroup v1; 0: none); see "
+                                                         "docs/local-backend.md#spares")
 
     @field_validator("model_gateway")
     @classmethod

@@ -52,15 +52,28 @@ def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSp
     lines = ["set -e"]
     if cgroups is not None:
         lines += [f"echo $$ > {shlex.quote(f)}" for f in cgroups.procs_files]
-    if spec.max_processes and (cgroups is None or "pids" not in cgroups.controllers):
-        # No pids group: RLIMIT_NPROC stands in, only where it holds (local_limits.py refuses the rest,
-        # and memory_mb/cpu without their groups, before we get here). prlimit, because `ulimit` flags
-        # differ between shells.
-        prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
-        if prlimit is None:
-            raise BackendError("max_processes without a pids cgroup needs `prlimit` (util-linux)")
-        lines.append(f"{prlimit} --pid $$ --nproc={spec.max_processes}")
+    lines += limit_lines(spec, cgroups)
     lines.append('exec "$@"')
+    command = launch_command(bwrap, args_fd, agent_argv, spec, rootfs, paths, owner)
+    return ["/bin/sh", "-c", "\n".join(lines), "orchard-sandbox", *command]
+
+
+def limit_lines(spec: SandboxSpec, cgroups: CgroupSet | None) -> list[str]:
+    """Shell lines for what the cgroups cannot hold: RLIMIT_NPROC in place of a missing pids group."""
+    if not spec.max_processes or (cgroups is not None and "pids" in cgroups.controllers):
+        return []
+    # No pids group: RLIMIT_NPROC stands in, only where it holds (local_limits.py refuses the rest,
+    # and memory_mb/cpu without their groups, before we get here). prlimit, because `ulimit` flags
+    # differ between shells.
+    prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
+    if prlimit is None:
+        raise BackendError("max_processes without a pids cgroup needs `prlimit` (util-linux)")
+    return [f"{prlimit} --pid $$ --nproc={spec.max_processes}"]
+
+
+def launch_command(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSpec, rootfs: Path | None,
+                   paths: SandboxPaths, owner: str = "") -> list[str]:
+    """bwrap with its arguments in `args_fd`, behind `unshare` and the disk tmpfs's script with `disk_mb`."""
     command = [bwrap, "--args", str(args_fd), "--", *agent_argv]
     if spec.disk_mb:
         unshare = shutil.which("unshare", path=HOST_ENV["PATH"])
@@ -71,10 +84,10 @@ def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSp
                    "orchard-disk", str(spec.disk_mb), str(max(MIN_INODES, spec.disk_mb * INODES_PER_MB)),
                    str(paths.writable_dir), *(" ".join(d) for d in writable_subdirs(rootfs)), owner,
                    *command]
-    return ["/bin/sh", "-c", "\n".join(lines), "orchard-sandbox", *command]
+    return command
 
 
-def _memfd(name: str, data: bytes) -> int:
+def memfd(name: str, data: bytes) -> int:
     fd = os.memfd_create(name)
     try:
         os.write(fd, data)
@@ -102,9 +115,9 @@ def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int,
         os.set_inheritable(block_w, False)
         child_fds.append(block_r)
     try:
-        token_fd = _memfd("orchard-token", token.encode())
+        token_fd = memfd("orchard-token", token.encode())
         child_fds.append(token_fd)
-        args_fd = _memfd("orchard-bwrap-args",
+        args_fd = memfd("orchard-bwrap-args",
                          b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w, token_fd, block_r)))
         child_fds.append(args_fd)
         log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -30,6 +30,7 @@ START_TIMEOUT_S = 30.0
 # (zygote.py `_show_environment`): a variable of that many spaces.
 ENV_AREA_NAME, ENV_AREA_BYTES = "ORCHARD_ZYGOTE_ENV_AREA", 32 << 10
 ANSWER_TIMEOUT_S = 40.0  # the zygote's child waits up to 30 s for bwrap's mounts
+PARK_TIMEOUT_S = 10.0
 
 
 def zygote_wanted(remapped: bool, setting: bool | None) -> bool:
@@ -80,19 +81,48 @@ class Zygote:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def begin(self, request: dict, fds: list[int]) -> "ZygoteEntry":
-        """Have the zygote fork the child that will start an agent (the module's `begin_entry`); it joins
-        the sandbox's cgroups at once and waits for `ZygoteEntry.provide` to name the sandbox's init.
-        Raises BackendError (the zygote stopped) when the request cannot be sent."""
+    def park(self, cgroup_procs: list[str], timeout: float = PARK_TIMEOUT_S) -> socket.socket:
+        """Have the zygote fork a child that joins these groups now (a spare's, local_spares.py) and waits
+        for its request; returns the socket to send that request on (`begin(..., parked=)`); closing it
+        unused ends the child. BackendError when the child could not join them or did not say so in time."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with self._lock:
+                socket.send_fds(self._socket, [json.dumps({"park": True, "cgroup_procs": cgroup_procs}).encode()],
+                                [theirs.fileno()])
+            ready, _, _ = select.select([ours], [], [], timeout)
+            answer = ours.recv(1 << 16) if ready else b""
+            if answer != b"parked":
+                raise BackendError(f"the agent zygote's child did not join a spare's cgroups: "
+                                   f"{answer.decode(errors='replace') or 'no answer'}")
+        except BaseException as e:
+            ours.close()
+            if isinstance(e, OSError):
+                raise BackendError(f"the agent zygote did not take a spare: {e}") from e
+            raise
+        finally:
+            theirs.close()
+        return ours
+
+    def begin(self, request: dict, fds: list[int], parked: socket.socket | None = None) -> "ZygoteEntry":
+        """Have the zygote fork the child that will start an agent (the module's `begin_entry`), or hand
+        the request to a child `parked` in the sandbox's cgroups already; the child joins the sandbox's
+        cgroups at once (unless parked there) and waits for `ZygoteEntry.provide` to name the sandbox's
+        init. Raises BackendError (the zygote or the parked child stopped) when the request cannot be sent."""
         answer_ours, answer_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         init_r, init_w = os.pipe()
         try:
-            with self._lock:  # one message at a time on the shared socket; answers come on answer_ours
-                socket.send_fds(self._socket, [json.dumps(request).encode()], [answer_theirs.fileno(), init_r, *fds])
+            if parked is not None:
+                socket.send_fds(parked, [json.dumps(request).encode()], [answer_theirs.fileno(), init_r, *fds])
+            else:
+                with self._lock:  # one message at a time on the shared socket; answers come on answer_ours
+                    socket.send_fds(self._socket, [json.dumps(request).encode()],
+                                    [answer_theirs.fileno(), init_r, *fds])
         except OSError as e:
             answer_ours.close()
             os.close(init_w)
-            self.close()
+            if parked is None:
+                self.close()
             raise BackendError(f"the agent zygote did not take the request: {e}") from e
         finally:
             answer_theirs.close()
@@ -160,10 +190,11 @@ class ZygoteEntry:
 
 def begin_entry(zygote: Zygote, spec: SandboxSpec, rootfs: Path | None, env: dict[str, str], cg,
                 agent_argv: list[str], hold_fd: int, agent_fds: list[tuple[int, int]], paths: SandboxPaths,
-                bundle: AgentBundle) -> tuple[ZygoteEntry, int]:
+                bundle: AgentBundle, parked: socket.socket | None = None) -> tuple[ZygoteEntry, int]:
     """Send the zygote the request for this sandbox's agent as soon as bwrap runs (its child forks and
-    joins the cgroups while bwrap makes the namespaces); (the entry, the read end of the agent's READY
-    pipe). The agent's descriptors keep the numbers its arguments name."""
+    joins the cgroups while bwrap makes the namespaces), or to the child `parked` in them already (a
+    spare's); (the entry, the read end of the agent's READY pipe). The agent's descriptors keep the
+    numbers its arguments name."""
     ready_r, ready_w = os.pipe()
     log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
@@ -171,11 +202,11 @@ def begin_entry(zygote: Zygote, spec: SandboxSpec, rootfs: Path | None, env: dic
                  else None)
         request = agent_request(
             block_fd=hold_fd, nproc=nproc,
-            cgroup_procs=[str(f) for f in cg.procs_files] if cg is not None else [], env=env,
+            cgroup_procs=[str(f) for f in cg.procs_files] if cg is not None and parked is None else [], env=env,
             cwd=spec.workdir if rootfs is None else "/", argv=agent_argv[agent_argv.index("--listen"):],
             bundle=bundle)
         request["fds"] = [number for number, _ in agent_fds]
-        entry = zygote.begin(request, [ready_w, log_fd, *(fd for _, fd in agent_fds)])
+        entry = zygote.begin(request, [ready_w, log_fd, *(fd for _, fd in agent_fds)], parked)
     except BaseException:
         os.close(ready_r)
         raise
