@@ -94,7 +94,7 @@ def serve(control_fd: int):
         if pid == 0:
             try:
                 control.close()
-                _start(json.loads(bytes(buffer[:size])), fds)
+                _start(json.loads(bytes(buffer[:size])), fds, buffer)
             finally:
                 os._exit(1)
         buffer[:size] = bytes(size)
@@ -164,11 +164,12 @@ def _reap():
         pass
 
 
-def _start(request: dict, fds: list):
+def _start(request: dict, fds: list, buffer: bytearray):
     """In the zygote's child: a request (`_enter`), or a park: the child joins the cgroups named now (a
     spare's, made before its sandbox: the backend's local_spares.py), says `parked` on the socket that came
     with it, and waits there for the request, so that no cgroup move is left for the create. Returns (to
-    exit) when that socket closes first: the spare was discarded."""
+    exit) when that socket closes first: the spare was discarded. The request is read into the zygote's
+    `buffer` (copied on write: a new one would cost each parked child its megabyte)."""
     if not request.get("park"):
         _enter(request, fds)
         return
@@ -179,7 +180,6 @@ def _start(request: dict, fds: list):
     except BaseException as exc:
         _answer(fds, {"error": "%s: %s" % (type(exc).__name__, exc)})
         return
-    buffer = bytearray(MAX_REQUEST)
     size, fds = _receive(park, buffer)
     park.close()
     if size:
