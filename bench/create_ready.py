@@ -32,6 +32,7 @@ ALLOWLIST = {"mode": "allowlist", "allow": ["198.51.100.7:80"]}
 FLOOR_START, BARE_AGENT = "floor process start", "agent alone (no sandbox)"
 BWRAP_ALONE = "bubblewrap alone (`true`)"
 ZYGOTE_CREATE = "Orchard create→ready, agent from the zygote"
+NO_SPARES_CREATE = "Orchard create→ready, agent from the zygote, no spares"
 
 
 def _time_floor_start() -> float:
@@ -87,12 +88,14 @@ def run(ctx: BenchContext) -> Findings:
     bare_agent_starts: list[float] = []
     bwrap_runs: list[float] = []
     zygote_creates: list[float] = []
+    no_spare_creates: list[float] = []
     zygote_stages: list[tuple[float, StartupTimings]] = []
     # The agent zygote (docs/local-backend.md#start-path) is root's default; its creates alternate with
     # those of agents bwrap starts (`zygote: false`, the way without it).
     with_zygote = os.geteuid() == 0
     with (agent_bundle() as bundle, embedded_orchard(zygote=False) as orchard,
           embedded_orchard(zygote=True) if with_zygote else contextlib.nullcontext() as zygote_orchard,
+          embedded_orchard(zygote=True, spares=0) if with_zygote else contextlib.nullcontext() as no_spares,
           Progress(console=ctx.console, transient=True) as progress):
         task = progress.add_task(f"create→ready × {count}", total=warmup + count)
         for index in range(warmup + count):
@@ -101,6 +104,8 @@ def run(ctx: BenchContext) -> Findings:
             floor_start, bare_agent_start = _time_floor_start(), time_bare_agent_start(bundle)
             bwrap_run = time_bwrap_true(bundle)
             zygote_created, _, zygote_startup = _time_create(zygote_orchard) if with_zygote else (0.0, 0.0, None)
+            time.sleep(0.1)  # without a cgroup move (the spare made after the create above moves 2 processes)
+            no_spare_created, *_ = _time_create(no_spares) if with_zygote else (0.0, 0.0, None)
             if index >= warmup:
                 creates.append(created)
                 deletes.append(deleted)
@@ -109,6 +114,7 @@ def run(ctx: BenchContext) -> Findings:
                 bare_agent_starts.append(bare_agent_start)
                 bwrap_runs.append(bwrap_run)
                 zygote_creates.append(zygote_created)
+                no_spare_creates.append(no_spare_created)
                 if zygote_startup is not None:
                     zygote_stages.append((zygote_created * 1000, zygote_startup))
             progress.update(task, advance=1)
@@ -124,10 +130,13 @@ def run(ctx: BenchContext) -> Findings:
     rows = []
     if with_zygote:
         stats[ZYGOTE_CREATE] = zygote = LatencyStats.from_seconds(zygote_creates)
+        stats[NO_SPARES_CREATE] = no_spare = LatencyStats.from_seconds(no_spare_creates)
         rows.append(Row(metric="create→ready p50 vs bubblewrap alone, agent from the zygote", unit="ms",
-                        ours=zygote.p50_ms, peers={BWRAP_ALONE: bwrap.p50_ms, ORCHARD_CREATE: create.p50_ms},
+                        ours=zygote.p50_ms, peers={BWRAP_ALONE: bwrap.p50_ms, ORCHARD_CREATE: create.p50_ms,
+                                                   NO_SPARES_CREATE: no_spare.p50_ms},
                         ratios={"zygote/bwrap": ratio(zygote.p50_ms, bwrap.p50_ms),
-                                "zygote/orchard": ratio(zygote.p50_ms, create.p50_ms)},
+                                "zygote/orchard": ratio(zygote.p50_ms, create.p50_ms),
+                                "zygote/no_spares": ratio(zygote.p50_ms, no_spare.p50_ms)},
                         targets=[Target(on="zygote/bwrap", op="<=", limit=VS_BWRAP_MAX)]))
     rows += [
         Row(metric="create→ready p50 vs bubblewrap alone", unit="ms", ours=create.p50_ms,
@@ -175,17 +184,19 @@ def run(ctx: BenchContext) -> Findings:
         "With network `allowlist` (root only; the row is left out otherwise) the backend also makes a veth "
         "pair and nftables rules (docs/local-backend.md#network-allowlist), on a thread while the agent "
         "starts: one such create follows each plain one.",
-        "Each create moves its sandbox's first process into the sandbox's cgroups (a write to `cgroup.procs`). "
-        "The kernel makes such a move wait for an RCU grace period unless another move happened within about "
-        "the last one (its cgroup_threadgroup_rwsem falls back to its fast mode for forks in between): about "
-        "8 ms on a 2-core Xeon with cgroup v1. Every create here follows the peers (over 100 ms without a move), "
-        "as a create in a program that does anything between creates does, so each one pays it; the same "
-        "creates one right after another measured about 8 ms less (24.7 against 33.0 ms p50), which is why "
-        "back-to-back creates would read lower than what a program gets (bench/pools.py spaces its cold creates for the same reason). Bubblewrap "
-        "alone joins no cgroup and never pays it. The row *one cgroup move* times that wait on the host the "
-        "run was on (bench/peers/cgroup_move.py): several ms on a stock kernel, well under 1 ms where the host "
-        "has the cgroup option `favordynmods` on, which removes the wait from every create "
-        "(docs/local-backend.md#start-path).",
+        "A create without a spare moves its sandbox's first processes into the sandbox's cgroups (writes to "
+        "`cgroup.procs`). The kernel makes the first such move wait for an RCU grace period unless another "
+        "move happened within about the last one: about 8 ms on a 2-core Xeon with cgroup v1. The zygote's "
+        "creates take a spare instead (root's default on cgroup v1, docs/local-backend.md#spares): the "
+        "sandbox's groups made after the create before, with bwrap's shell and the zygote's child already in "
+        "them, so that the create makes no move at all (the kernel's cgroup_attach_task trace counted 6 moves "
+        "in each create without a spare, 0 with one). *no spares* is the same zygote with `spares: 0`; each "
+        "of its creates follows 0.1 s without a move, as a create in a program that does anything between "
+        "creates does (the others follow the peers, over 100 ms without one). Bubblewrap alone joins no "
+        "cgroup. The row *one cgroup move* times that wait on the host the run was on "
+        "(bench/peers/cgroup_move.py): several ms on a stock kernel, well under 1 ms where the host has the "
+        "cgroup option `favordynmods` on, which removes the wait from every move; on such a host the two "
+        "zygote rows read alike, on a stock one *no spares* pays the wait.",
     ]
     if zygote_stages:
         notes.append(_stages_note(zygote_stages))
