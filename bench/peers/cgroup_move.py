@@ -1,7 +1,8 @@
 """The wait of one cgroup move on this host: a process written into a fresh sandbox cgroup's
 `cgroup.procs` after a pause with no other move. On a stock kernel the move waits for an RCU grace period
 (several ms); with the host-wide `favordynmods` cgroup option it does not (docs/local-backend.md#start-path).
-Every create pays one such move, so the figure says which kind of host a create→ready figure came from."""
+Every create without a spare (docs/local-backend.md#spares) pays one such move, so the figure says which
+kind of host its create→ready figure came from."""
 
 from __future__ import annotations
 
