@@ -209,6 +209,8 @@ MEASUREMENT = Measurement(
     method=("Sandboxes created one at a time with the sync SDK (`orchard.create()`), 30 after 3 warm-ups; "
             "each runs `true` once (to prove it is usable) and is deleted before the next; creation and "
             "deletion are timed separately. Between two creations, the floor server, the bare agent and "
-            "bubblewrap alone are each started and stopped once; as root, one sandbox with network `allowlist` is created too."),
+            "bubblewrap alone are each started and stopped once; as root, one sandbox with network `allowlist`, "
+            "one whose agent comes from the zygote (the default) and one from the zygote without spares are "
+            "created too."),
     run=run,
 )
