@@ -227,3 +227,12 @@ async def test_the_spare_of_a_killed_backend_ends_and_its_groups_are_swept(tmp_p
         assert not spare_groups(successor)
     finally:
         await successor.close()
+
+
+async def test_a_create_refused_before_its_cgroups_leaves_the_spare_for_the_next(backend):
+    """An id taken already is refused before the spare is touched: the spare stays, and serves the next."""
+    async with running(backend) as (sb, _):
+        keys = await spare_made(backend)
+        with pytest.raises(InvalidRequest, match="already exists"):
+            await backend.create(sb.id, SandboxSpec(), "token")
+        assert backend._spares.names() == keys and len(processes_in(spare_groups(backend))) == 2

@@ -230,7 +230,6 @@ class LocalBackend:
         self._make_private()
         remap = remaps_ids()
         zygote = await self._zygote_for(bundle) if zygote_wanted(remap, self.zygote) else None
-        spare = self._spares.take(zygote) if zygote is not None else None  # its cgroups, processes in them
         try:
             paths.sandbox_dir.mkdir(mode=0o700)
         except FileExistsError:
@@ -248,6 +247,8 @@ class LocalBackend:
         workload_fds: list[int] = []
         userns_w: int | None = None  # bwrap waits on this for its user namespace's id maps
         network: Future[int] | None = None  # network allowlist: set up while the agent starts
+        spare: Spare | None = None  # with the zygote: this sandbox's cgroups, made ahead with processes in them
+        info_r: int | None = None  # bwrap's --info-fd, until read
         try:
             rmtree(paths.run_dir)  # a leftover of a crashed earlier sandbox of this id: the id is ours now
             paths.run_dir.mkdir(mode=0o700)
@@ -265,6 +266,7 @@ class LocalBackend:
                         os.chmod(paths.writable_dir / sub, 0o1777)
                     if remap:  # the sandbox's root owns its writable layer
                         os.chown(paths.writable_dir / sub, REMAP_BASE, REMAP_BASE)
+            spare = self._spares.take(zygote) if zygote is not None else None
             cg = self._adopt(spare, sandbox_id) if spare is not None else None
             if cg is None:
                 spare = None
@@ -336,7 +338,8 @@ class LocalBackend:
             try:
                 # bwrap reports the namespace init as soon as it exists: it is recorded with the monitor's
                 # pid while the agent starts, the long wait of a create, instead of after it.
-                info = await read_info(info_r, self.ready_timeout_s)
+                fd, info_r = info_r, None
+                info = await read_info(fd, self.ready_timeout_s)  # (closes it)
                 namespaces_at = time.perf_counter()
                 if info.get("child-pid"):
                     handle.init_pid = int(info["child-pid"])
@@ -392,10 +395,15 @@ class LocalBackend:
                 os.close(fd)
             if userns_w is not None:
                 os.close(userns_w)
+            if info_r is not None:
+                os.close(info_r)
             if network is not None:
                 network.exception()  # waits: what it made is recorded before it is removed
             agent_log = tail(paths.log_file)
             self._destroy(sandbox_id, handle)
+            if spare is not None:  # its shell, killed with the cgroups: reaped (launched or not)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spare.proc.wait(timeout=5)
             if isinstance(e, (BackendError, OSError)):
                 raise BackendError(f"sandbox {sandbox_id} failed to start: {e}"
                                    + (f"; agent output: {agent_log}" if agent_log else "")) from e
