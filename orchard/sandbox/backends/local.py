@@ -79,7 +79,9 @@ class LocalBackend:
     vfork per command (~0.5-1 ms more exec latency); see docs/local-backend.md#user-ids.
     `zygote` (root only; default on, off with `ORCHARD_LOCAL_ZYGOTE=0` in the environment): agents are
     forked from one pre-started interpreter into their sandboxes instead of each starting its own; see
-    docs/local-backend.md#start-path."""
+    docs/local-backend.md#start-path. `spares` (with the zygote, on cgroup v1; default 1, 0 for none): that
+    many sandboxes' cgroups are made ahead of their creates with the processes that start a sandbox
+    already in them, so that a create makes no cgroup move; see docs/local-backend.md#spares."""
 
     name = "local"
     Config = LocalConfig
