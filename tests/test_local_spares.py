@@ -114,14 +114,17 @@ async def test_a_create_starts_from_the_spare_made_after_the_create_before(backe
     assert not taken & await spare_made(backend)  # the next create's, made since under a name of its own
 
 
-async def test_a_spares_sandbox_has_the_limits_of_one_made_without(tmp_path, short_tmp, bundle_cache, backend):
-    """The same spec on a backend without spares: every limit file of every group reads the same."""
-    spec = SandboxSpec(memory_mb=200, max_processes=50, cpu=0.5)
+@pytest.mark.parametrize("spec", [SandboxSpec(memory_mb=200, max_processes=50, cpu=0.5),
+                                  SandboxSpec(max_processes=None)], ids=["limits", "none"])
+async def test_a_spares_sandbox_has_the_limits_of_one_made_without(tmp_path, short_tmp, bundle_cache, backend, spec):
+    """The same spec on a backend without spares: every limit file of every group reads the same (a spec
+    without limits finds none left on the spare's groups)."""
     without = new_backend(tmp_path, short_tmp, bundle_cache, "plain", spares=0)
     try:
         async with running(backend):
             pass
         await spare_made(backend)
+        await asyncio.sleep(0.05)  # past a clock tick: the spare's shell began before the create below
         async with running(backend, spec) as (sb, _), running(without, spec) as (plain, _):
             assert process_start_time(sb.handle["pid"]) < process_start_time(plain.handle["pid"])
 
@@ -135,7 +138,9 @@ async def test_a_spares_sandbox_has_the_limits_of_one_made_without(tmp_path, sho
 
             ours = limits(sb.handle["cgroups"], backend._key(sb.id))
             assert ours == limits(plain.handle["cgroups"], without._key(plain.id))
-            assert ours["/workload:pids.max"] == "50" and ours["/workload:memory.limit_in_bytes"] == str(200 << 20)
+            assert ours["/workload:pids.max"] == str(spec.max_processes or "max")
+            if spec.memory_mb:
+                assert ours["/workload:memory.limit_in_bytes"] == str(spec.memory_mb << 20)
     finally:
         await without.close()
 

@@ -50,6 +50,8 @@ MAX_FAILURES = 3  # spares in a row that could not be made before the backend st
 FILL_DELAY_S = 0.03
 # The spare's shell: into the groups, say so, then run what comes on stdin (end of file: nothing, exit).
 SHELL = "set -e\n{moves}\necho spare\n. /dev/stdin\nexit 0\n"
+# A spare's groups hold no limit until a create writes its spec's (a spec without one must find none).
+NO_LIMITS = SandboxSpec(max_processes=None)
 
 
 @dataclass
@@ -122,7 +124,7 @@ class Spare:
 def make_spare(key: str, zygote: Zygote) -> Spare | None:
     """A spare under `key`, or None where there can be none (no cgroups, or cgroup2's). BackendError when
     its shell or the zygote's child did not join its groups."""
-    groups = cgroups.create_cgroups(key, SandboxSpec(), split=True)
+    groups = cgroups.create_cgroups(key, NO_LIMITS, split=True)
     if groups is None:
         return None
     if any(version != 1 for version in groups.version.values()):
