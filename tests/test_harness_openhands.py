@@ -2,7 +2,7 @@
 the downloads shared) in real embedded sandboxes, through the real evaluator and its gateway: driven by the
 oracle (three swe-mini tasks at once, ORACLE_SAMPLE: their patches hold every awkward character; through
 OpenHands' own `terminal` and `finish`) and by the scripted model server (parallel tool calls and
-`file_editor`; a driver hanging past its timeout, one killed mid-run, a crash, failed model calls). Each
+`file_editor`; a driver hanging past a short task timeout, one killed mid-run, a crash, failed model calls). Each
 trajectory is checked against the gateway's records (no step invented) and exported to ATIF."""
 
 from __future__ import annotations
@@ -127,23 +127,32 @@ async def test_the_scripted_model_fixes_a_task_with_parallel_calls_and_the_file_
     assert all(call.completion_token_ids and call.logprobs for call in trajectory.llm_calls)
 
 
-async def test_failures_are_errors_with_the_drivers_stderr(home, tmp_path, scripted):
-    """Hanging past its time (killed with its process group, the steps so far kept), killed mid-run, a
-    crash before the conversation starts, model calls that fail: each an error, not a failed attempt."""
+async def test_a_driver_hanging_past_its_time_is_the_agents_timeout(home, tmp_path, scripted):
+    """A model whose command hangs, under a short task timeout: the adapter kills the driver with its
+    process group a margin before the evaluator's deadline (orchard/harnesses/deadline.py), reads its events
+    within it, and the rollout is the agent's `timeout` with the steps so far from those events, never the
+    evaluator's cut-off nor a sandbox error (also with the machine busy: the margin has a floor)."""
     scripted.load([{"content": "Wait.", "tool_calls": [
         {"id": "call_sleep", "name": "terminal", "arguments": {"command": "sleep 600", "timeout": 600}}]}],
         loop=True)
     out = tmp_path / "hang"
     started = time.monotonic()
     results = await run_eval(harness="openhands", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
-                             gateway_config=scripted_config(scripted), backend="local", task_timeout_s=45)
+                             gateway_config=scripted_config(scripted), backend="local", task_timeout_s=30)
     assert time.monotonic() - started < 300
     (row,) = results.tasks
     (hung,) = _trajectories(out)
     assert row.status == "error" and hung.exit_status == "timeout" and hung.partial, (row, hung.outcome)
-    assert "its process group was killed" in hung.outcome.error
+    assert "the OpenHands driver ran past its" in hung.outcome.error  # the adapter's kill, not the cut-off
+    assert "its process group was killed" in hung.outcome.error and "copied out" not in hung.outcome.error
     assert [c.function_name for s in hung.steps for c in s.tool_calls] == ["terminal"]  # read from its events
+    (agent,) = [phase for phase in hung.phases if phase.name == "agent"]
+    assert agent.result == "timeout" and agent.duration_s < agent.timeout_s  # returned before the cut-off
 
+
+async def test_failures_are_errors_with_the_drivers_stderr(home, tmp_path, scripted):
+    """Killed mid-run, a crash before the conversation starts, model calls that fail: each an error, not a
+    failed attempt."""
     scripted.load([{"content": "Stop.", "tool_calls": [
         {"id": "call_kill", "name": "terminal", "arguments": {"command": KILL_DRIVER}}]}], loop=True)
     out = tmp_path / "killed"

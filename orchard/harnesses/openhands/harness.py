@@ -4,14 +4,17 @@ Python; its model is the run's gateway, reached at the rollout's own URL with th
 
 Each run: the driver and its config are written under STATE_DIR (outside the task's workdir, so the patch
 never picks them up), the driver runs the conversation to its end under a timeout a margin short of the
-evaluator's deadline (`sandbox.exec` kills the driver's whole process group when it passes), then the
-conversation's persisted events are copied out and converted (convert.py) into the Trajectory: OpenHands'
+evaluator's deadline (`sandbox.exec` kills the driver's whole process group when it passes; the margin,
+orchard/harnesses/deadline.py, is what the kill and the reading of the events take on a busy machine), then
+the conversation's persisted events are copied out and converted (convert.py) into the Trajectory: OpenHands'
 own tool names and arguments, the observations as the model was shown them, each agent step carrying the
 response id its gateway record has. The events directory is listed in `extra["native_logs"]`, so the
 evaluator keeps it beside the trajectory.
 
 A driver that crashes, hangs past its timeout, or whose model calls fail ends the rollout as an error
-(`Outcome(error=...)` with the driver's stderr tail), never as a failed attempt."""
+(`Outcome(error=...)` with the driver's stderr tail), never as a failed attempt. Once the adapter's own kill
+fired, the rollout is the agent's `timeout` even when its events cannot be read before the deadline (or the
+sandbox fails the reading): the error says so, and the steps are the ones read, if any."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from orchard.core.run_status import ExitStatus
 from orchard.core.sandbox import ExecResult, Sandbox
 from orchard.core.task import Task
 from orchard.core.trajectory import Outcome, Trajectory
+from orchard.harnesses.deadline import after_stop, run_limit_s
 from orchard.harnesses.openhands.bundle import SDK_VERSION, SPEC
 from orchard.harnesses.openhands.convert import ConvertedRun, convert_events
 
@@ -36,9 +40,6 @@ DRIVER_PATH = f"{STATE_DIR}/driver.py"
 HOME_DIR = f"{STATE_DIR}/home"  # the agent's HOME where the sandbox's is the workdir (see run)
 RUN_FAILED = 3  # the driver's exit code when the conversation itself failed (driver.py)
 STDERR_TAIL_CHARS = 2000
-# The driver is stopped this long before the evaluator's deadline (a tenth of the time left, at most this):
-# time to copy its events out and return them.
-DEADLINE_MARGIN_S = 20.0
 DRIVER_ENV = {"LOG_LEVEL": "WARNING", "LOG_RICH_TRACEBACKS": "false", "PYTHONUNBUFFERED": "1",
               "NO_COLOR": "1", "TERM": "dumb"}
 
@@ -92,22 +93,20 @@ class OpenHandsHarness:
             env["HOME"] = HOME_DIR
         if model.api_key is not None:
             env["ORCHARD_OPENHANDS_API_KEY"] = model.api_key.get_secret_value()
-        timeout = self._timeout(model)
+        timeout = run_limit_s(model, self.timeout_s)
         result = await sandbox.exec(SPEC.entry_argv(DRIVER_PATH, f"{STATE_DIR}/config.json"),
                                     cwd=workdir, env=env, timeout=timeout)
-        converted = await self._read_run(sandbox, events_dir)
+        unread = None
+        if result.timed_out:  # our own kill fired: the agent's timeout, whatever the reading meets
+            read, unread = await after_stop(model, lambda: self._read_run(sandbox, events_dir))
+            converted = read if read is not None else convert_events([], [], None)
+        else:
+            converted = await self._read_run(sandbox, events_dir)
         trajectory = converted.trajectory(agent_name=self.name, agent_version=self.version, model=model.model,
                                           task_id=task.id, rollout_key=model.rollout_key)
         trajectory.extra["native_logs"] = converted.native_logs
-        self._settle(trajectory, result, converted, timeout)
+        self._settle(trajectory, result, converted, timeout, unread)
         return trajectory
-
-    def _timeout(self, model: ModelConfig) -> float | None:
-        left = model.time_left_s()
-        if left is None:
-            return self.timeout_s
-        budget = max(1.0, left - min(DEADLINE_MARGIN_S, 0.1 * left))
-        return budget if self.timeout_s is None else min(budget, self.timeout_s)
 
     async def _read_run(self, sandbox: Sandbox, events_dir: str) -> ConvertedRun:
         """The conversation's events, the observation texts and the driver's result, as far as they exist."""
@@ -130,15 +129,17 @@ class OpenHandsHarness:
         return converted
 
     @staticmethod
-    def _settle(trajectory: Trajectory, result: ExecResult, converted: ConvertedRun, timeout: float | None) -> None:
-        """exit_status and, for a failure, Outcome(error=...) with the driver's stderr tail."""
+    def _settle(trajectory: Trajectory, result: ExecResult, converted: ConvertedRun, timeout: float | None,
+                unread: str | None = None) -> None:
+        """exit_status and, for a failure, Outcome(error=...) with the driver's stderr tail; `unread`: why the
+        events of a driver killed at its timeout could not be read."""
         tail = _tail(result.stderr or result.stdout)
         status: ExitStatus
         error: str | None = None
         if result.timed_out:
             status = "timeout"
             error = (f"timeout: the OpenHands driver ran past its {timeout:.0f} s (the task timeout less a margin) "
-                     "and its process group was killed")
+                     "and its process group was killed" + (f"; {unread}" if unread else ""))
         elif result.exit_code == 0 and converted.ended is not None:
             status = converted.ended
         elif result.exit_code == RUN_FAILED and converted.error is not None:
