@@ -241,3 +241,36 @@ async def test_a_create_refused_before_its_cgroups_leaves_the_spare_for_the_next
         with pytest.raises(InvalidRequest, match="already exists"):
             await backend.create(sb.id, SandboxSpec(), "token")
         assert backend._spares.names() == keys and len(processes_in(spare_groups(backend))) == 2
+
+
+UNCLOSED_BACKEND = """
+import asyncio, sys
+from pathlib import Path
+from orchard.core.sandbox import SandboxSpec
+from orchard.sandbox.backends.local import LocalBackend
+
+kept = []
+
+async def main(name):
+    backend = LocalBackend(Path(sys.argv[1]) / name, run_dir=Path(sys.argv[2]) / name,
+                           bundle_cache_dir=Path(sys.argv[3]))
+    sb = await backend.create("first", SandboxSpec(), "token")
+    await backend.delete(sb)
+    while not backend._spares._ready:
+        await asyncio.sleep(0.01)
+    print(backend._spares.names().pop(), flush=True)
+    if name == "kept":
+        kept.append(backend)
+
+asyncio.run(main("dropped"))  # collected with its spare on the way out of main
+asyncio.run(main("kept"))  # alive until the interpreter exits
+"""
+
+
+def test_the_spares_of_a_backend_never_closed_go_with_it(tmp_path, short_tmp, bundle_cache):
+    """A backend dropped without close() (collected), or alive at exit, takes its spare's groups along."""
+    done = subprocess.run([sys.executable, "-c", UNCLOSED_BACKEND, str(tmp_path), str(short_tmp), str(bundle_cache)],
+                          capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=60)
+    keys = done.stdout.split()
+    assert done.returncode == 0 and len(keys) == 2, done.stderr[-2000:]
+    assert not [g for key in keys for g in cgroups.existing_groups(key)]

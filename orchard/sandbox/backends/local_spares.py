@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,7 +173,10 @@ def make_spare(key: str, zygote: Zygote) -> Spare | None:
 
 class SpareReserve:
     """Up to `count` spares of one backend (`owner`, its key prefix): made on a thread of their own when
-    asked (`fill`, after each create; begun FILL_DELAY_S later), taken by creates (`take`)."""
+    asked (`fill`, after each create; begun FILL_DELAY_S later), taken by creates (`take`). Those of a
+    backend never closed are discarded when it is collected or the interpreter exits: their processes would
+    end by themselves (end of file) but leave their groups, which only a later backend on the same
+    directories would sweep."""
 
     def __init__(self, count: int, owner: str) -> None:
         self.count, self.owner = count, owner
@@ -184,6 +188,7 @@ class SpareReserve:
         self._stopping = threading.Event()  # close() ends the delay before a spare is made
         self._failures = 0
         self.off_reason: str | None = None if count > 0 else "spares: 0"
+        self._discard_ready = weakref.finalize(self, _discard_all, self._ready, self._lock)
 
     def take(self, zygote: Zygote) -> Spare | None:
         """A ready spare of `zygote` (those of another, or whose processes are gone, are discarded)."""
@@ -252,9 +257,15 @@ class SpareReserve:
         with self._lock:
             self._closed = True
             self._stopping.set()
-            spares, self._ready = self._ready, []
             thread = self._thread
         if thread is not None:
             thread.join(timeout=READY_TIMEOUT_S + 5)
-        for spare in spares:
-            spare.discard()
+        self._discard_ready()
+
+
+def _discard_all(ready: list[Spare], lock: threading.Lock) -> None:
+    with lock:
+        spares = list(ready)
+        ready.clear()
+    for spare in spares:
+        spare.discard()
