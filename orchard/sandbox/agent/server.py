@@ -33,6 +33,9 @@ LINGER_S = 2.0
 # Connections: at most this many at once (each is a thread). At the limit, a new one evicts the oldest that
 # has not yet made an authorized request, so idle connections without the token cannot lock clients out.
 MAX_CONNECTIONS = 256
+# How long a new connection at the limit waits for the thread of the one it evicted to end (it sees the end
+# of input at once: a thread without the token never waits on anything else); past this it is closed.
+EVICTION_WAIT_S = 5.0
 # How long a connection may keep the agent waiting (for a request head, a body, a read of its response)
 # before it is closed: briefly until it has made an authorized request, longer once it has (clients keep
 # idle connections for a few seconds; httpx: 5 s).
@@ -231,38 +234,85 @@ class _AgentServerBase(socketserver.ThreadingMixIn, socketserver.TCPServer):
         super().__init__(address, AgentHandler)
 
     def track_connections(self):
-        self.connections = {}  # socket -> authorized yet; in the order accepted
+        # socket -> its _Connection, in the order accepted. A connection is counted until its thread has
+        # ended, not until its socket is closed: the limit bounds the agent's threads.
+        self.connections = {}
         self.connections_lock = threading.Lock()
 
     def process_request(self, request, client_address):
+        if not self._make_room():
+            request.close()
+            return
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                                  daemon=self.daemon_threads)
         with self.connections_lock:
-            if len(self.connections) >= MAX_CONNECTIONS:
-                victim = next((conn for conn, authorized in self.connections.items() if not authorized), None)
-                if victim is None:  # every one is a client's: the newcomer waits for none of them
-                    request.close()
-                    return
-                del self.connections[victim]
-                try:
-                    victim.shutdown(socket.SHUT_RDWR)  # its thread sees the end of input and finishes
-                except OSError:
-                    pass
-            self.connections[request] = False
-        super().process_request(request, client_address)
+            self.connections[request] = _Connection(thread)
+        try:
+            thread.start()
+        except BaseException:  # no thread (the process is out of them): nothing to count; the caller closes it
+            with self.connections_lock:
+                self.connections.pop(request, None)
+            raise
+
+    def _make_room(self) -> bool:
+        """Whether fewer than MAX_CONNECTIONS connection threads are alive, once the oldest connection
+        without an authorized request, if any, has been shut down and its thread has ended. Only the
+        accepting thread adds connections, so the room it makes stays free for the newcomer."""
+        deadline = time.monotonic() + EVICTION_WAIT_S
+        while True:
+            with self.connections_lock:
+                if len(self.connections) < MAX_CONNECTIONS:
+                    return True
+                for conn, entry in list(self.connections.items()):
+                    if not entry.thread.is_alive():  # ended (only this thread adds connections and starts them)
+                        del self.connections[conn]
+                if len(self.connections) < MAX_CONNECTIONS:
+                    return True
+                # A thread already ending (closed, or evicted earlier) is waited for before evicting another.
+                waited = next((entry for entry in self.connections.values() if entry.ending), None)
+                if waited is None:
+                    victim = next((conn for conn, entry in self.connections.items() if not entry.authorized),
+                                  None)
+                    if victim is None:  # every one is a client's: the newcomer waits for none of them
+                        return False
+                    waited = self.connections[victim]
+                    waited.ending = True
+                    try:
+                        victim.shutdown(socket.SHUT_RDWR)  # its thread sees the end of input and finishes
+                    except OSError:
+                        pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            waited.thread.join(left)
 
     def mark_authenticated(self, request):
         with self.connections_lock:
-            if request in self.connections:
-                self.connections[request] = True
+            entry = self.connections.get(request)
+            if entry is not None:
+                entry.authorized = True
 
     after_first_request = None  # called once, when the first connection has been answered and closed
 
     def shutdown_request(self, request):
         with self.connections_lock:
-            self.connections.pop(request, None)
+            entry = self.connections.get(request)
+            if entry is not None:
+                entry.ending = True  # counted until its thread has ended (_make_room)
             hook, self.after_first_request = self.after_first_request, None
         super().shutdown_request(request)
         if hook is not None:
             hook()
+
+
+class _Connection:
+    """A connection's thread and its state: authorized once it has made an authorized request (it is then
+    never evicted), ending once it is shut down (evicted) or closed and its thread finishing."""
+
+    __slots__ = ("thread", "authorized", "ending")
+
+    def __init__(self, thread: threading.Thread):
+        self.thread, self.authorized, self.ending = thread, False, False
 
 
 class TCPAgentServer(_AgentServerBase):
