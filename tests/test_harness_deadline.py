@@ -29,7 +29,7 @@ def _model(deadline_in_s: float | None) -> ModelConfig:
 
 def test_the_margin_has_a_floor_a_share_and_a_cap():
     assert deadline_margin_s(0) == MARGIN_FLOOR_S
-    assert deadline_margin_s(30) == pytest.approx(6.5)  # a tenth of 30 s would leave 3 s: too little under load
+    assert deadline_margin_s(30) == pytest.approx(6.5)  # a tenth of 30 s was 3 s: the floor holds however short
     assert deadline_margin_s(1800) == MARGIN_CAP_S
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from minisweagent.models.utils.actions_toolcall import BASH_TOOL
@@ -134,6 +135,22 @@ async def test_command_timeout_is_reported_as_the_package_does(scripted, gateway
     result = trajectory.steps[-1].observation.results[0]
     assert result.extra["returncode"] == -1
     assert "timed out after 1 seconds" in result.extra["exception_info"] and "begun" in result.content
+
+
+async def test_the_evaluators_deadline_stops_a_hanging_command_and_the_loop_before_it(scripted, gateway, home):
+    """ModelConfig.deadline is when the evaluator would cut the harness off: a command that would outlast it
+    (under a 60 s command timeout) is stopped a margin before it (orchard/harnesses/deadline.py) and the
+    package's own loop ends on its wall-time limit, a time limit with the steps so far."""
+    scripted.load([tool_calls(("bash", {"command": "echo begun; sleep 60"}))], loop=True)
+    task = swe_mini_task(TASK_ID)
+    model = model_config(gateway).model_copy(update={"deadline": time.time() + 8})
+    async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
+        trajectory = await MiniSweAgentHarness(command_timeout_s=60).run(task, sandbox, model)
+    gateway.end_rollout(model.rollout_key)
+    assert trajectory.outcome is None and trajectory.exit_status == "time_limit", trajectory.notes
+    assert time.time() < model.deadline, "the loop ran past the evaluator's deadline"
+    result = trajectory.steps[-1].observation.results[0]
+    assert result.extra["returncode"] == -1 and "begun" in result.content
 
 
 async def test_text_mode_parses_actions_from_the_reply(scripted, gateway, home):

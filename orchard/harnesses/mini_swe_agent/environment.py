@@ -9,7 +9,9 @@ starts with the line `COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` (exit code 0) raise
 
 from __future__ import annotations
 
+import math
 import subprocess
+import time
 from typing import Any
 
 from minisweagent.exceptions import Submitted
@@ -44,15 +46,21 @@ class OrchardEnvironmentConfig(BaseModel):
 
 class OrchardSandboxEnvironment:
     def __init__(self, *, sandbox: Sandbox, bridge: LoopBridge, system_info: dict[str, str],
-                 config_class: type = OrchardEnvironmentConfig, **kwargs: Any) -> None:
+                 config_class: type = OrchardEnvironmentConfig, stop_at: float | None = None,
+                 **kwargs: Any) -> None:
+        """`stop_at` (`time.time()`, None: never): no command runs past it, so a hanging command cannot carry
+        the run past the evaluator's deadline (the loop then stops on its wall-time limit)."""
         self.config = config_class(**kwargs)
         self.sandbox = sandbox
         self.bridge = bridge
         self.system_info = system_info
+        self.stop_at = stop_at
 
     def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
         command = action.get("command", "")
         timeout = timeout or self.config.timeout
+        if self.stop_at is not None:
+            timeout = max(1, min(timeout, math.ceil(self.stop_at - time.time())))
         try:
             result = self.bridge.call(self.sandbox.exec(
                 shell_argv(command, self.config.interpreter), cwd=cwd or self.config.cwd or None,

@@ -25,6 +25,7 @@ from orchard.core.sandbox import Sandbox
 from orchard.core.run_status import ExitStatus
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Trajectory
+from orchard.harnesses.deadline import deadline_margin_s
 from orchard.harnesses.mini_swe_agent.bridge import LoopBridge, run_in_thread
 from orchard.harnesses.mini_swe_agent.convert import convert_trajectory
 from orchard.harnesses.mini_swe_agent.environment import (
@@ -38,7 +39,6 @@ from orchard.harnesses.openai_client import ChatClient
 # The package's own default configs: `mini` is what its `mini` command runs (tool calling, v2's default);
 # `mini_textbased` the text-mode variant.
 DEFAULT_CONFIGS: dict[str, str] = {"toolcall": "mini", "text": "mini_textbased"}
-DEADLINE_MARGIN_S = 5.0  # the loop stops this long before the evaluator's deadline
 DEFAULT_AGENT_CLASSES = frozenset({"", "default", "minisweagent.agents.default.DefaultAgent"})
 
 
@@ -91,7 +91,7 @@ class MiniSweAgentHarness:
         try:
             system_info = await probe_system_info(sandbox, workdir)
             environment = OrchardSandboxEnvironment(
-                sandbox=sandbox, bridge=bridge, system_info=system_info,
+                sandbox=sandbox, bridge=bridge, system_info=system_info, stop_at=_stop_at(model),
                 **{**(self.config.get("environment") or {}), "cwd": workdir})
             gateway_model = GatewayModel(client=client, bridge=bridge,
                                          **{**(self.config.get("model") or {}), "model_name": model.model,
@@ -121,13 +121,20 @@ class MiniSweAgentHarness:
         return trajectory
 
 
+def _stop_at(model: ModelConfig) -> float | None:
+    """When the agent stops (`time.time()`): the evaluator's deadline less its margin (deadline.py)."""
+    time_left = model.time_left_s()
+    return None if time_left is None else time.time() + time_left - deadline_margin_s(time_left)
+
+
 def _within_deadline(agent_config: dict[str, Any], model: ModelConfig) -> dict[str, Any]:
     """The agent config with its wall-time limit brought forward to the evaluator's deadline (less a
-    margin), so the package's own loop stops with `TimeExceeded` instead of being cut off."""
+    margin), so the package's own loop stops with `TimeExceeded` instead of being cut off (its commands are
+    bounded by the same time: environment.py)."""
     time_left = model.time_left_s()
     if time_left is None:
         return agent_config
-    left = max(1, int(time_left - DEADLINE_MARGIN_S))
+    left = max(1, int(time_left - deadline_margin_s(time_left)))
     own = agent_config.get("wall_time_limit_seconds") or 0
     return {**agent_config, "wall_time_limit_seconds": min(own, left) if own > 0 else left}
 

@@ -20,6 +20,7 @@ from orchard.core.sandbox import Sandbox
 from orchard.core.run_status import ExitStatus
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Step, Trajectory
+from orchard.harnesses.deadline import deadline_margin_s
 from orchard.harnesses.openai_client import ChatClient, Completion, CompletionToolCall
 from orchard.harnesses.react.config import ReActConfig
 from orchard.harnesses.react.prompts import render
@@ -35,8 +36,6 @@ from orchard.harnesses.react.trajectory_builder import TrajectoryBuilder
 NO_TOOL_CALL_MESSAGE = ("Your reply did not call a tool. Act through the tools (bash, view, create, "
                         "str_replace); when the task is done, call submit.")
 AFTER_SUBMIT_MESSAGE = "Not run: submit was called earlier in this turn, which ended the task."
-# The loop stops this long before the evaluator's deadline: time to return the trajectory and take the patch.
-DEADLINE_MARGIN_S = 5.0
 
 
 class ReActHarness:
@@ -69,8 +68,9 @@ class _Episode:
         self.calls = 0
         self.tokens = 0
         self.started = time.monotonic()
-        # Stop this long before the evaluator's deadline: a tenth of the time, at most DEADLINE_MARGIN_S.
-        self.deadline_margin_s = min(DEADLINE_MARGIN_S, 0.1 * (model.time_left_s() or 0.0))
+        # Stop this long before the evaluator's deadline (a command's kill and the loop's return take time on a
+        # busy machine; orchard/harnesses/deadline.py): the end is then the harness's to report.
+        self.deadline_margin_s = deadline_margin_s(model.time_left_s() or 0.0)
 
     async def run(self) -> Trajectory:
         client = ChatClient(self.model)  # before anything runs: a config without base_url is a usage error
