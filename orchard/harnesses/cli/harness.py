@@ -30,18 +30,13 @@ from orchard.core.sandbox import ExecResult, Sandbox
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Trajectory
 from orchard.harnesses.cli.command import check_template, fill
+from orchard.harnesses.deadline import after_stop, run_limit_s
 
 SCRATCH = "/tmp/orchard-cli"
 INSTRUCTION_FILE = f"{SCRATCH}/instruction.md"
 STDOUT_LOG, STDERR_LOG = f"{SCRATCH}/stdout.log", f"{SCRATCH}/stderr.log"
 DEFAULT_TIMEOUT_S = 3600.0  # without an evaluator's deadline
 TAIL_CHARS = 2000  # of stderr, in the error and notes
-
-
-def deadline_margin_s(time_left: float) -> float:
-    """How long before the evaluator's deadline the program is killed, so its end is the harness's to
-    report (its stderr tail) rather than the evaluator's cut-off: 5 % of the time left, 2 to 15 s."""
-    return max(2.0, min(15.0, 0.05 * time_left))
 
 
 class CliHarness:
@@ -90,8 +85,11 @@ class CliHarness:
         result = await sandbox.exec(["/bin/sh", "-c", fill(self.command, values, quote=True)],
                                     cwd=task.environment.workdir, env=self._environment(model, values),
                                     timeout=timeout)
-        await sandbox.write_file(STDOUT_LOG, result.stdout)
-        await sandbox.write_file(STDERR_LOG, result.stderr)
+        unkept = None
+        if result.timed_out:  # our own kill fired: the agent's timeout, whatever keeping its output meets
+            _, unkept = await after_stop(model, lambda: self._keep_output(sandbox, result))
+        else:
+            await self._keep_output(sandbox, result)
         trajectory = Trajectory(
             agent=Agent(name=self.name, version=self.version, model_name=model.model,
                         extra={"bundle": self.bundle, "command": self.command}),
@@ -100,12 +98,21 @@ class CliHarness:
                    "native_logs": [STDOUT_LOG, STDERR_LOG, *(fill(path, values, quote=False)
                                                              for path in self.native_logs)]})
         _settle(trajectory, result, timeout)
+        if unkept is not None and trajectory.outcome is not None:
+            trajectory.outcome.error = trajectory.notes = f"{trajectory.outcome.error}; {unkept}"
         return trajectory
 
+    @staticmethod
+    async def _keep_output(sandbox: Sandbox, result: ExecResult) -> None:
+        await sandbox.write_file(STDOUT_LOG, result.stdout)
+        await sandbox.write_file(STDERR_LOG, result.stderr)
+
     def _timeout(self, model: ModelConfig) -> float:
-        left = model.time_left_s()
-        limit = DEFAULT_TIMEOUT_S if left is None else max(1.0, left - deadline_margin_s(left))
-        return min(limit, self.timeout_s) if self.timeout_s else limit
+        """Killed a margin before the evaluator's deadline (orchard/harnesses/deadline.py), so its end is the
+        harness's to report (its stderr tail) rather than the evaluator's cut-off."""
+        limit = run_limit_s(model, self.timeout_s or None, DEFAULT_TIMEOUT_S)
+        assert limit is not None
+        return limit
 
     def _values(self, task: Task, model: ModelConfig, timeout: float) -> dict[str, str]:
         return {"instruction_file": INSTRUCTION_FILE, "instruction": task.instruction,

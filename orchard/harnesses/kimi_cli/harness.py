@@ -1,6 +1,8 @@
 """The `kimi-cli` harness: the real Kimi-CLI (its pinned bundle) run inside the task's sandbox in print mode,
 auto-approving, with the run's gateway as its OpenAI-compatible provider; its session logs (`wire.jsonl`,
-`context.jsonl`) become the Trajectory (convert.py)."""
+`context.jsonl`) become the Trajectory (convert.py). Kimi is stopped a margin before the evaluator's deadline
+(orchard/harnesses/deadline.py); once that stop fired, the rollout is the agent's `timeout` even when its logs
+cannot be read in time."""
 
 from __future__ import annotations
 
@@ -9,13 +11,13 @@ from orchard.core.harness_bundle import get_bundle_spec
 from orchard.core.sandbox import ExecResult, Sandbox
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Trajectory
+from orchard.harnesses.deadline import after_stop, run_limit_s
 from orchard.harnesses.kimi_cli import launch
 from orchard.harnesses.kimi_cli.convert import KimiSession, trajectory_from_session
 
 NAME = "kimi-cli"
 VERSION = "1.51.0"  # the bundle's pin (bundle.py)
 DEFAULT_STEP_LIMIT = 100
-TIMEOUT_MARGIN_S = 15.0  # stop Kimi this long before the trial's deadline, so its logs can still be read
 DEFAULT_TIMEOUT_S = 3600.0
 STDERR_TAIL = 2000
 
@@ -41,13 +43,20 @@ class KimiCliHarness:
             model, max_context_size=self.max_context_size, max_steps=self.step_limit).encode(), mode=0o600)
         result = await sandbox.exec(launch.command(spec, workdir), cwd=workdir, stdin=task.instruction,
                                     env=launch.environment(spec), timeout=self._timeout(model))
-        session = await KimiSession.read(sandbox, launch.SHARE_DIR)
+        unread = None
+        if result.timed_out:  # our own stop fired: the agent's timeout, whatever the reading meets
+            read, unread = await after_stop(model, lambda: KimiSession.read(sandbox, launch.SHARE_DIR))
+            session = read if read is not None else KimiSession()
+        else:
+            session = await KimiSession.read(sandbox, launch.SHARE_DIR)
         trajectory = trajectory_from_session(session, agent=Agent(name=self.name, version=self.version,
                                                                   model_name=model.model))
         trajectory.task_id = task.id
         trajectory.extra["native_logs"] = session.native_logs()
         trajectory.extra["kimi_exit_code"] = result.exit_code
         error = _failure(result, session, trajectory)
+        if unread is not None:
+            error = f"{error}; {unread}"
         if error is not None:
             trajectory.outcome = Outcome(error=error)
             trajectory.partial = True
@@ -56,9 +65,9 @@ class KimiCliHarness:
         return trajectory
 
     def _timeout(self, model: ModelConfig) -> float:
-        left = model.time_left_s()
-        limit = self.timeout_s or DEFAULT_TIMEOUT_S
-        return max(1.0, min(limit, left - TIMEOUT_MARGIN_S)) if left is not None else limit
+        limit = run_limit_s(model, self.timeout_s or DEFAULT_TIMEOUT_S)
+        assert limit is not None
+        return limit
 
 
 def _failure(result: ExecResult, session: KimiSession, trajectory: Trajectory) -> str | None:
