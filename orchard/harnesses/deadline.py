@@ -5,9 +5,10 @@ as long as the deadline allows.
 The margin is what a stop and the reading after it take on a busy machine: killing a process group and
 answering, then copying the agent's logs out of the sandbox and converting them. That work does not shrink
 with a short deadline, so the margin has a floor (MARGIN_FLOOR_S) plus a share of the time left for the logs
-a longer run writes, capped (MARGIN_CAP_S). Measured on a 2-core host, quiet and with two CPU hogs beside
-the tests: an OpenHands driver's kill and the reading of its events took about 0.6 s either way, the floor
-leaves room for a far busier machine or a slower backend.
+a longer run writes, capped (MARGIN_CAP_S). Measured on a 2-core host (the agent phase's length against
+the driver's limit), quiet and with two CPU hogs beside the tests: an OpenHands driver's kill and the reading
+of its events took about 0.1 s either way; the floor leaves room for a far busier machine, a slower backend
+and a long run's logs.
 
 After the adapter's own stop fired, the rollout is the agent's `timeout` however the reading goes: what could
 not be read in time (or could not be read at all) is said in the error, never turned into a sandbox error
