@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from orchard.core.errors import ModelError, ModelUnreachable  # noqa: E402
-from orchard.policies.llama_cpp_engine import LlamaServer  # noqa: E402
+from orchard.policies.llama_cpp_engine import DIRECTORY_PREFIX, LlamaServer, remove_stale_directories  # noqa: E402
 from orchard.policies.llama_cpp_runtime import (CPU_VARIANTS, LlamaCppRuntime, backend_for_cpu,  # noqa: E402
                                                 ensure_runtime)
 from orchard.policies.smollm2 import END_OF_TURN, EngineSettings, locate_gguf  # noqa: E402
@@ -93,7 +94,9 @@ def test_close_ends_the_server_and_removes_its_socket(runtime):
 
 
 def test_the_server_dies_with_its_parent(runtime):
-    """SIGKILL the process that started a server (no close, no atexit): the kernel kills the server."""
+    """SIGKILL the process that started a server (no close, no atexit): the kernel kills the server, and the
+    directory it leaves is removed by the next server's start (`remove_stale_directories`), while that of a
+    live owner stays."""
     script = ("import sys; from pathlib import Path; from orchard.policies.llama_cpp_engine import LlamaServer; "
               "from orchard.policies.llama_cpp_runtime import find_runtime; "
               "from orchard.policies.smollm2 import locate_gguf; "
@@ -112,6 +115,12 @@ def test_the_server_dies_with_its_parent(runtime):
                 break
             time.sleep(0.05)
         assert not Path(f"/proc/{server_pid}").exists() or _is_zombie(server_pid)
+        live = Path(tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-"))
+        try:
+            assert Path(directory) in remove_stale_directories()
+            assert not Path(directory).exists() and live.is_dir()
+        finally:
+            live.rmdir()
     finally:
         if parent.poll() is None:
             parent.kill()

@@ -15,13 +15,15 @@ of each (`n_probs`, from the raw distribution: `post_sampling_probs` off).
   sapphirerapids variant). The batch sizes (-ub 64..1344), a bf16 or q8_0 KV cache (half as fast as f16)
   and a second batch thread on 2 busy cores do not help.
 - The server dies with this process: killed by `close()`, at exit, and by the kernel if this process dies
-  first (PR_SET_PDEATHSIG)."""
+  first (PR_SET_PDEATHSIG). The temporary directory of a process that died without its `close()` (SIGKILL)
+  is removed by the next server started on the machine (its name holds the owner's pid)."""
 
 from __future__ import annotations
 
 import atexit
 import ctypes
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +40,8 @@ from orchard.policies.llama_cpp_runtime import LlamaCppRuntime
 
 START_TIMEOUT_S = 120.0
 _PR_SET_PDEATHSIG = 1
+DIRECTORY_PREFIX = "orchard-llama-"  # then the owner's pid and "-"
+_OWNED_DIRECTORY = re.compile(re.escape(DIRECTORY_PREFIX) + r"(\d+)-")
 
 
 @dataclass
@@ -59,7 +63,8 @@ class LlamaServer:
     """A running llama-server for one GGUF file."""
 
     def __init__(self, runtime: LlamaCppRuntime, gguf: Path, *, threads: int, context: int) -> None:
-        self._directory = Path(tempfile.mkdtemp(prefix="orchard-llama-"))
+        remove_stale_directories()
+        self._directory = Path(tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-"))
         self.socket = self._directory / "server.sock"
         self._log = open(self._directory / "server.log", "w+b")
         self._lock = threading.Lock()
@@ -161,3 +166,27 @@ class LlamaServer:
             self._log.close()
         shutil.rmtree(self._directory, ignore_errors=True)
         atexit.unregister(self.close)
+
+
+def remove_stale_directories(base: Path | None = None) -> list[Path]:
+    """Remove the servers' directories (a socket and a log) under `base` (default: the temporary directory)
+    whose owner, named by the pid in their name, is no longer running: it was killed before its `close()`.
+    Only this user's; a directory whose pid is running (or was reused) is kept. Returns those removed."""
+    removed = []
+    base = Path(base or tempfile.gettempdir())
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _OWNED_DIRECTORY.match(entry.name)
+        if match is None or Path(f"/proc/{match.group(1)}").exists():
+            continue
+        try:
+            if entry.is_symlink() or not entry.is_dir() or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
