@@ -1,5 +1,6 @@
 """The in-sandbox adapters' stop before the evaluator's deadline (orchard/harnesses/deadline.py): the margin
-has a floor (a kill and the reading of the logs take seconds on a busy machine, however short the deadline),
+has a floor (a kill and the reading of the logs take seconds on a busy machine) unless that would take more than
+half the time left,
 and once the adapter's own stop fired, what follows it ends before the deadline and a sandbox that fails it is
 a reason in the agent's timeout, not an error of its own. The work after a stop is a plain coroutine here:
 what matters is how its end is bounded and classed; the adapters' real runs are in tests/test_harness_*.py."""
@@ -28,9 +29,11 @@ def _model(deadline_in_s: float | None) -> ModelConfig:
 
 
 def test_the_margin_has_a_floor_a_share_and_a_cap():
-    assert deadline_margin_s(0) == MARGIN_FLOOR_S
-    assert deadline_margin_s(30) == pytest.approx(6.5)  # a tenth of 30 s was 3 s: the floor holds however short
+    assert deadline_margin_s(30) == pytest.approx(6.5)  # a tenth of 30 s was 3 s: the floor holds
+    assert deadline_margin_s(12) == pytest.approx(MARGIN_FLOOR_S + 0.6)
     assert deadline_margin_s(1800) == MARGIN_CAP_S
+    # Under twice the floor the agent keeps half of what is left instead of being stopped before it starts.
+    assert deadline_margin_s(4) == 2.0 and deadline_margin_s(1) == 0.5 and deadline_margin_s(0) == 0.0
 
 
 def test_the_run_limit_is_the_time_left_less_the_margin_or_the_harness_own():

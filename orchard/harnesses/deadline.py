@@ -5,7 +5,8 @@ as long as the deadline allows.
 The margin is what a stop and the reading after it take on a busy machine: killing a process group and
 answering, then copying the agent's logs out of the sandbox and converting them. That work does not shrink
 with a short deadline, so the margin has a floor (MARGIN_FLOOR_S) plus a share of the time left for the logs
-a longer run writes, capped (MARGIN_CAP_S). Measured on a 2-core host (the agent phase's length against
+a longer run writes, capped (MARGIN_CAP_S); and it is never more than half the time left, so that a budget
+shorter than twice the floor still gives the agent half of it (rather than stopping it before it starts). Measured on a 2-core host (the agent phase's length against
 the driver's limit), quiet and with two CPU hogs beside the tests: an OpenHands driver's kill and the reading
 of its events took about 0.1 s either way; the floor leaves room for a far busier machine, a slower backend
 and a long run's logs.
@@ -25,6 +26,7 @@ from orchard.core.harness import ModelConfig
 MARGIN_FLOOR_S = 5.0  # a kill and the reading of the logs under load, with room to spare
 MARGIN_SHARE = 0.05  # of the time left: the logs of a longer run take longer to read
 MARGIN_CAP_S = 20.0
+MARGIN_MAX_SHARE = 0.5  # of the time left: the agent keeps at least the other half
 AFTER_STOP_RESERVE_S = 1.0  # what follows a stop ends this long before the deadline: the adapter returns first
 MIN_RUN_S = 1.0
 
@@ -33,8 +35,10 @@ _T = TypeVar("_T")
 
 def deadline_margin_s(time_left: float) -> float:
     """How long before the evaluator's deadline the agent is stopped: MARGIN_FLOOR_S plus MARGIN_SHARE of the
-    time left, at most MARGIN_CAP_S (30 s left: 6.5 s; 5 minutes or more: 20 s)."""
-    return min(MARGIN_CAP_S, MARGIN_FLOOR_S + MARGIN_SHARE * max(0.0, time_left))
+    time left, at most MARGIN_CAP_S and at most half the time left (30 s left: 6.5 s; 5 minutes or more:
+    20 s; 4 s: 2 s)."""
+    left = max(0.0, time_left)
+    return min(MARGIN_CAP_S, MARGIN_FLOOR_S + MARGIN_SHARE * left, MARGIN_MAX_SHARE * left)
 
 
 def run_limit_s(model: ModelConfig, own: float | None = None, default: float | None = None) -> float | None:
