@@ -1,8 +1,7 @@
 """The in-sandbox adapters' stop before the evaluator's deadline (orchard/harnesses/deadline.py): the margin
-has a floor (a kill and the reading of the logs take seconds on a busy machine) unless that would take more than
-half the time left,
-and once the adapter's own stop fired, what follows it ends before the deadline and a sandbox that fails it is
-a reason in the agent's timeout, not an error of its own. The work after a stop is a plain coroutine here:
+has a floor (a kill and the reading of the logs take seconds on a busy machine) unless that is more than half
+the time left, and once the adapter's own stop fired, what follows it ends before the deadline and a sandbox
+that fails it is a reason in the agent's timeout, not an error of its own. The work after a stop is a plain coroutine here:
 what matters is how its end is bounded and classed; the adapters' real runs are in tests/test_harness_*.py."""
 
 from __future__ import annotations
