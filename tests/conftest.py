@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from orchard.sandbox.bundle import ensure_agent_bundle
 from tests.harness_bundle_rig import SessionBundles
 from tests.harness_rig import gateway_in_front_of, scripted_model
 from tests.running_server import remove_live_sandboxes
@@ -28,6 +29,15 @@ def gateway(scripted):
     """Orchard's real gateway in front of the scripted server."""
     with gateway_in_front_of(scripted) as gw:
         yield gw
+
+
+@pytest.fixture(scope="session")
+def bundle_cache(tmp_path_factory) -> Path:
+    """A cache holding the agent bundle, built once for the session: the local backend's tests start their
+    sandboxes from it (none of them changes it)."""
+    cache = tmp_path_factory.mktemp("bundle-cache")
+    ensure_agent_bundle(cache)
+    return cache
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -35,7 +34,6 @@ from orchard.sandbox.backends import local_netns
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_config import local_capabilities
 from orchard.sandbox.backends.local_state import LocalHandle, process_running
-from orchard.sandbox.bundle import ensure_agent_bundle
 
 pytestmark = pytest.mark.skipif(local_netns.unavailable_reason() is not None,
                                 reason=local_netns.unavailable_reason() or "")
@@ -47,13 +45,6 @@ PROBE = ("import socket, sys\n"
          "    print('CONNECTED')\n"
          "except OSError as e:\n"
          "    print('REFUSED', e.errno)\n")
-
-
-@pytest.fixture(scope="module")
-def bundle_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("bundle-cache")
-    ensure_agent_bundle(cache)
-    return cache
 
 
 @pytest.fixture

@@ -30,14 +30,6 @@ from orchard.sandbox.backends.cgroups import placements
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_state import (LocalHandle, children_of, process_running,
                                                   process_start_time)
-from orchard.sandbox.bundle import ensure_agent_bundle
-
-
-@pytest.fixture(scope="session")
-def bundle_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("bundle-cache")
-    ensure_agent_bundle(cache)  # built once for the whole session
-    return cache
 
 
 @pytest.fixture(scope="session")

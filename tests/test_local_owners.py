@@ -16,15 +16,7 @@ from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends import cgroups, local_netns
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.bundle import ensure_agent_bundle
 from tests.test_local_allowlist import host_address, leftovers, reaches, tcp_server
-
-
-@pytest.fixture(scope="module")
-def bundle_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("bundle-cache")
-    ensure_agent_bundle(cache)
-    return cache
 
 
 @pytest.fixture

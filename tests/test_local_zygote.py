@@ -24,7 +24,6 @@ from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_state import process_running
 from orchard.sandbox.backends.local_config import ZYGOTE_ENV
 from orchard.sandbox.backends.local_zygote import ENV_AREA_NAME, zygote_wanted
-from orchard.sandbox.bundle import ensure_agent_bundle
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the zygote is used by root only")
 
@@ -32,13 +31,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the zygote is used by
 PROBE = ("id -u; id -g; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; echo ---; "
          "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo ---; env | sort | grep -v -E '^(PWD|SHLVL|_)='; "
          "echo ---; cat /proc/self/cgroup")
-
-
-@pytest.fixture(scope="module")
-def bundle_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("bundle-cache")
-    ensure_agent_bundle(cache)
-    return cache
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import json
 import secrets
 import socket
 import sys
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -22,7 +21,6 @@ from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_config import LocalConfig
-from orchard.sandbox.bundle import ensure_agent_bundle
 from orchard.testing.scripted_model import create_scripted_app
 from orchard.testing.scripted_script import Script
 from orchard.util.uvicorn_thread import ServerThread
@@ -59,13 +57,6 @@ def gateway() -> LocalGateway:
                                                             api_key="unused")})
         with LocalGateway(config) as gw:
             yield gw
-
-
-@pytest.fixture(scope="module")
-def bundle_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("bundle-cache")
-    ensure_agent_bundle(cache)
-    return cache
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends.bwrap import image_ids
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.bundle import ensure_agent_bundle
 from orchard.sandbox.images import IdMap, ImageStore
 from orchard.testing.oci_layout import Entry, layer_tar, tar_of, write_docker_archive, write_oci_layout
 
@@ -282,13 +281,6 @@ def test_podman_save_archives_import(store, tmp_path):
 
 
 # ---- running the image ---------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def bundle_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("bundle-cache")
-    ensure_agent_bundle(cache)
-    return cache
-
 
 async def test_a_local_sandbox_runs_an_imported_image(store, tmp_path, bundle_cache):
     store.import_archive(_layout(tmp_path), ids=image_ids())

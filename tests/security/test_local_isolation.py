@@ -26,13 +26,6 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def bundle_cache(tmp_path_factory) -> Path:
-    cache = tmp_path_factory.mktemp("bundle-cache")
-    ensure_agent_bundle(cache)
-    return cache
-
-
-@pytest.fixture(scope="module")
 def busybox_rootfs(tmp_path_factory) -> Path:
     """A rootfs with a static busybox and its applets: no Python, no libc."""
     busybox = shutil.which("busybox")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchard.core.sandbox import SandboxSpec
-from tests.security.test_local_isolation import (agent_host_pid, backend, bundle_cache, needs_root,  # noqa: F401
+from tests.security.test_local_isolation import (agent_host_pid, backend, needs_root,  # noqa: F401
                                                  running)
 
 # 24 processes of ~15 MiB each (interpreter + 5 MiB) in a 96 MiB workload: the OOM killer must end some.
