@@ -25,7 +25,9 @@ from orchard.core.sandbox import FileInfo, NetworkPolicy, SandboxInfo
 app = typer.Typer(help="Create, use and delete sandboxes on an Orchard server (see `orchard serve`).",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# Messages on stderr are never wrapped: an error is one line that scripts and tests can match, whatever the
+# terminal's width or the length of the paths it names.
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 UrlOption = Annotated[Optional[str], typer.Option(
     "--url", envvar="ORCHARD_URL", show_envvar=True, help="Orchard server URL, e.g. http://127.0.0.1:8700.")]
