@@ -175,7 +175,7 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
     dec: dict[str, list[float]] = {"ours": [], "plain": [], "exact": [], "peer": [], "llama": []}
     # smollm2's prompt-lookup speculation (greedy: it changes no token) for ours; "plain" is the same engine
     # without it (what a sampled request gets: speculation is greedy only), the float32 row without it too
-    speculate = {"ours": model.settings.speculate, "plain": 0, "exact": 0}
+    speculate = {"ours": model.speculate, "plain": 0, "exact": 0}
     drafts = {"ours": [0, 0], "plain": [0, 0], "exact": [0, 0]}  # draft tokens verified, accepted
     with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
         _plain_generate(model.model, torch, prompt[:32], 2, eos)  # warm-up

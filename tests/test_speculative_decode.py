@@ -33,17 +33,16 @@ def test_a_draft_is_what_followed_the_last_ngrams_most_recent_occurrence():
     assert draft([1, 2, 3, 4], tokens=4) == [] and draft([5, 5], tokens=0) == []
 
 
-@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
-def test_greedy_speculation_emits_one_token_decodings_ids_and_logprobs(small_vocab_llama, dtype, tolerance):
-    """bf16: a verified row goes through the matrix product, a decode step through the matrix-vector one;
-    their roundings differ slightly (the logprobs within tolerance), the ids do not."""
-    lean = LeanLlama(small_vocab_llama, dtype)
+def test_greedy_speculation_emits_one_token_decodings_ids_and_logprobs(small_vocab_llama):
+    """float32, where speculation is on by default: the verified rows go through the matrix product, a
+    decode step through the matrix-vector one; they agree to float32 rounding, and the ids are the same."""
+    lean = LeanLlama(small_vocab_llama, torch.float32)
     with torch.inference_mode():
         plain = decode(lean, PROMPT, max_new_tokens=100, eos_id=NO_EOS, top_logprobs=2)
         fast = decode(lean, PROMPT, max_new_tokens=100, eos_id=NO_EOS, top_logprobs=2, speculate=8)
     assert 0 < fast.accepted < fast.drafted  # drafts were both taken and turned down
     assert plain.drafted == 0 and fast.ids == plain.ids and fast.hit_limit
-    assert fast.logprobs == pytest.approx(plain.logprobs, abs=tolerance)
+    assert fast.logprobs == pytest.approx(plain.logprobs, abs=1e-4)
     assert [[i for i, _ in top] for top in fast.top] == [[i for i, _ in top] for top in plain.top]
 
 
@@ -88,14 +87,20 @@ def test_sampling_is_not_speculated_and_a_seed_repeats(small_vocab_llama):
     assert runs[1].drafted == 0
 
 
-def test_speculation_is_set_from_the_environment(monkeypatch):
+def test_speculation_is_set_from_the_environment_and_on_by_default_in_float32_only(monkeypatch):
+    """bfloat16's many-row verify pass rounds differently from its one-row decode pass (up to 0.19 in a
+    logit on an AMD EPYC), so a near tie could turn greedy output: there it is opt-in."""
     from orchard.policies.prompt_lookup import DEFAULT_DRAFT_TOKENS
     from orchard.policies.smollm2 import EngineSettings
 
     monkeypatch.delenv("ORCHARD_SMOLLM2_SPECULATE", raising=False)
-    assert EngineSettings.from_environment().speculate == DEFAULT_DRAFT_TOKENS
+    default = EngineSettings.from_environment()
+    assert default.speculate is None
+    assert default.draft_tokens(torch.float32) == DEFAULT_DRAFT_TOKENS and default.draft_tokens(torch.bfloat16) == 0
     monkeypatch.setenv("ORCHARD_SMOLLM2_SPECULATE", "0")
-    assert EngineSettings.from_environment().speculate == 0
+    assert EngineSettings.from_environment().draft_tokens(torch.float32) == 0
+    monkeypatch.setenv("ORCHARD_SMOLLM2_SPECULATE", "6")
+    assert EngineSettings.from_environment().draft_tokens(torch.bfloat16) == 6
     monkeypatch.setenv("ORCHARD_SMOLLM2_SPECULATE", "lots")
     with pytest.raises(ModelError, match="ORCHARD_SMOLLM2_SPECULATE a draft length 0-32"):
         EngineSettings.from_environment()
@@ -103,19 +108,29 @@ def test_speculation_is_set_from_the_environment(monkeypatch):
 
 # --- the real SmolLM2 -------------------------------------------------------------------------------
 
+PLAIN_PROMPTS = (  # replies that copy nothing of their prompt, and one that copies it
+    "Write a short story about a lighthouse keeper who finds a strange bottle.",
+    "Explain in a few sentences why the sky looks blue during the day.",
+    "List three ideas for a birthday present for a friend who likes hiking.",
+    "Repeat this command exactly: cd /srv/app && python -m pytest tests/test_config.py -q --maxfail=1",
+)
+
+
 @pytest.mark.slow
 def test_smollm2_speculation_changes_no_token():
-    """The default engine (bf16 where the CPU has it) on a reply that copies its prompt: drafts are accepted,
-    and the ids are one-token decoding's."""
+    """The real SmolLM2 in float32 (where speculation is on by default), on replies that copy nothing of
+    their prompt and one that copies it: the ids are one-token decoding's."""
     from orchard.policies import smollm2
 
     model = smollm2.get_model()
-    text = "cd /srv/app && python -m pytest tests/test_config.py -q --maxfail=1"
-    prompt = model.prompt_ids([{"role": "user", "content": f"Repeat this command exactly: {text}"}], None)
-    with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
-        plain = decode(model.engine, prompt, max_new_tokens=32, eos_id=model.end_of_turn_id)
-        fast = decode(model.engine, prompt, max_new_tokens=32, eos_id=model.end_of_turn_id, speculate=8)
-    assert fast.accepted > 0 and fast.ids == plain.ids
-    # bf16: a verified position goes through the matrix product, a step through the matrix-vector one (0.06 apart
-    # at most, measured); both within test_lean_llama's bf16 tolerance of the float32 model
-    assert fast.logprobs == pytest.approx(plain.logprobs, abs=0.25)
+    engine = LeanLlama(model.model, torch.float32)
+    accepted = 0
+    for text in PLAIN_PROMPTS:
+        prompt = model.prompt_ids([{"role": "user", "content": text}], None)
+        with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
+            plain = decode(engine, prompt, max_new_tokens=48, eos_id=model.end_of_turn_id)
+            fast = decode(engine, prompt, max_new_tokens=48, eos_id=model.end_of_turn_id, speculate=8)
+        assert fast.ids == plain.ids, text
+        assert fast.logprobs == pytest.approx(plain.logprobs, abs=1e-3)
+        accepted += fast.accepted
+    assert accepted > 0  # the copying reply took drafts

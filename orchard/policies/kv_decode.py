@@ -13,7 +13,7 @@ Per token the loop does one forward of one token (`logits_to_keep=1`), one log-s
 global generator, so a seed gives the same tokens as `generate` with that seed. Greedy calls with `speculate`
 on a model with `verify` (lean_llama.LeanLlama) feed prompt-lookup drafts (prompt_lookup.py) and the current
 token in one forward pass and keep the drafts the model's argmax confirms, token by token: the same ids as
-one token per pass, fewer passes where the reply copies its context. Stop conditions are `generate`'s: the
+one token per pass where the many-row pass rounds as the one-row pass does (float32; not bfloat16), fewer passes where the reply copies its context. Stop conditions are `generate`'s: the
 end-of-turn id, `max_new_tokens`, stop strings through transformers' `StopStringCriteria`, and a
 deadline.
 

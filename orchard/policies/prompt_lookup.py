@@ -1,8 +1,9 @@
-"""Prompt-lookup drafts for exact speculative decoding (kv_decode.py), as transformers'
+"""Prompt-lookup drafts for speculative decoding (kv_decode.py), as transformers'
 `prompt_lookup_num_tokens`: an agent's reply often copies text from its context (file contents, paths,
 commands), so the tokens that followed the last occurrence of the sequence's final n-gram are a cheap
 guess at what comes next. The guess is only a draft: the model verifies all of it in one forward pass and
-decode keeps the longest prefix it would have produced itself, so the output does not depend on it."""
+decode keeps the longest prefix it would have produced itself, so the output does not depend on it (to the
+rounding of the verify pass: exact in float32, not in bfloat16, where smollm2 leaves it off by default)."""
 
 from __future__ import annotations
 

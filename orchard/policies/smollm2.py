@@ -13,7 +13,8 @@ the prompt and completion token ids and the logprob of every completion token.
   transformers model itself in float32, whose fresh calls give `generate`'s very ids and logprobs. Or,
   for inference only, `llama_cpp`: a llama-server on the Q4_1 GGUF itself (llama_cpp_engine.py), asked with
   the same prompt ids, its own prompt cache, the quantized model's logprobs. On the lean engine greedy
-  requests use exact prompt-lookup speculative decoding (prompt_lookup.py; ORCHARD_SMOLLM2_SPECULATE, 0: off).
+  requests use prompt-lookup speculative decoding (prompt_lookup.py; ORCHARD_SMOLLM2_SPECULATE, 0: off), by
+  default in float32 only, where it gives one-token decoding's ids (in bfloat16 a near tie can turn).
   `_generate_reference` is plain `generate`, kept to check the others against and to measure them by
   (bench/embedded_generation.py).
 - Generation is greedy unless `temperature` > 0 (then sampled from the 50 most likely tokens, with `top_p`,
@@ -132,8 +133,10 @@ class EngineSettings(BaseModel):
 
     engine: Literal["lean", "transformers", "llama_cpp"] = "lean"
     dtype: Literal["bfloat16", "float32"] | None = None
-    # prompt-lookup draft tokens verified per forward pass, greedy requests on the lean engine (0: off)
-    speculate: int = Field(DEFAULT_DRAFT_TOKENS, ge=0, le=32)
+    # prompt-lookup draft tokens verified per forward pass, greedy requests on the lean engine (0: off); by
+    # default on in float32 only: in bfloat16 the many-row verify pass rounds differently from the one-row
+    # decode pass (up to 0.19 in a logit, measured on an AMD EPYC), so a near tie can turn greedy output
+    speculate: int | None = Field(None, ge=0, le=32)
 
     @classmethod
     def from_environment(cls) -> "EngineSettings":
@@ -148,6 +151,12 @@ class EngineSettings(BaseModel):
                              "ORCHARD_SMOLLM2_ENGINE is lean, transformers or llama_cpp, "
                              "ORCHARD_SMOLLM2_DTYPE bfloat16 or float32, "
                              "ORCHARD_SMOLLM2_SPECULATE a draft length 0-32 (0: off)") from None
+
+    def draft_tokens(self, dtype: Any) -> int:
+        """The draft length greedy requests use with a lean engine computing in `dtype`."""
+        if self.speculate is not None:
+            return self.speculate
+        return DEFAULT_DRAFT_TOKENS if str(dtype) == "torch.float32" else 0
 
     def lean_dtype(self, torch: Any) -> Any:
         if self.dtype:
@@ -186,11 +195,13 @@ class SmolLM2:
         self.native_tools = template_supports_tools(self.tokenizer.chat_template)
         # what kv_decode runs: the lean forward pass over the weights, or the transformers model itself
         self.engine: Any = self.model
+        self.speculate = 0  # prompt-lookup draft tokens for greedy requests: the lean engine only
         if self.settings.engine == "lean":
             from orchard.policies.lean_llama import LeanLlama  # imports torch: only once the model loads
 
             with torch.inference_mode():
                 self.engine = LeanLlama(self.model, self.settings.lean_dtype(torch))
+            self.speculate = self.settings.draft_tokens(self.engine.dtype)
         self.llama_server: Any = None
         if self.settings.engine == "llama_cpp":
             self.llama_server = _start_llama_server(gguf, self.context_length)
@@ -254,7 +265,7 @@ class SmolLM2:
                             top_k=SAMPLING_TOP_K, top_p=sampling.top_p if sampling.sampled else None,
                             top_logprobs=sampling.top_logprobs,
                             stop_criteria=stop, deadline=deadline, prefix_cache=prefix_cache,
-                            speculate=self.settings.speculate)
+                            speculate=self.speculate)
         if result.expired:
             raise ModelUnreachable(f"smollm2 did not finish within {timeout_s:g} s (prompt of {len(prompt)} tokens); "
                                    "raise the gateway's timeout_s or ask for fewer max_tokens")
