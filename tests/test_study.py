@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from orchard.cli.main import app
 from orchard.eval.matrix import bootstrap_interval, matrix_rows, paired_difference
-from orchard.eval.results import EvalResults, EvalSettings, EvalSummary, TaskResult, read_results, read_trajectories
+from orchard.eval.results import (EvalResults, EvalSettings, EvalSummary, TaskResult, read_results, read_trajectories,
+                                  write_results)
 from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.study import cell_directory, plan_study, read_study, write_study
 from orchard.eval.summary import matrix_table
@@ -76,15 +77,18 @@ def test_the_paired_difference_on_known_data():
 # --- the matrix -----------------------------------------------------------------------------------------
 
 def _run(harness: str, model: str, rows: list[tuple[str, str, int, int, float]], total: int | None = None,
-         elapsed: float = 10.0) -> EvalResults:
+         elapsed: float = 10.0, *, run_id: str | None = None, suite: str = "s", suite_hash: str = "h",
+         harness_options: dict | None = None, sampling: SamplingParams | None = None) -> EvalResults:
     tasks = [TaskResult(task_id=task_id, attempt=1, rollout_key=None, status=status, steps=steps,
                         prompt_tokens=tokens, completion_tokens=0, wall_time_s=wall,
                         exit_status="submitted" if status != "error" else "agent_error")
              for task_id, status, steps, tokens, wall in rows]
     total = total if total is not None else len(rows)
-    settings = EvalSettings(harness=harness, model=model, suite="s", suite_hash="h", sampling=SamplingParams(),
-                            timeouts=TrialTimeouts(), task_ids=[f"t{i}" for i in range(total)])
-    return EvalResults(run_id=f"{harness}-{model}", settings=settings, started_at="", updated_at="",
+    selected = [task_id for task_id, *_ in rows] + [f"unrun-{i}" for i in range(total - len(rows))]
+    settings = EvalSettings(harness=harness, model=model, suite=suite, suite_hash=suite_hash,
+                            harness_options=harness_options or {}, sampling=sampling or SamplingParams(),
+                            timeouts=TrialTimeouts(), task_ids=selected)
+    return EvalResults(run_id=run_id or f"{harness}-{model}", settings=settings, started_at="", updated_at="",
                        elapsed_s=elapsed, summary=EvalSummary.of(tasks, total, elapsed), tasks=tasks)
 
 
@@ -102,7 +106,8 @@ def test_the_matrix_counts_errors_apart_and_averages_over_attempts():
     # against react (the first harness with model m), over the tasks both attempted: t0 worse, t1 better
     assert (cell.versus, broken.versus) == (None, None)
     assert (other.versus.baseline, other.versus.tasks, other.versus.delta) == ("react", 2, 0.0)
-    assert (cell.tasks, cell.finished, cell.resolved, cell.failed, cell.errors, cell.pending) == (5, 3, 2, 1, 1, 1)
+    assert (cell.tasks, cell.finished, cell.attempts, cell.resolved, cell.failed, cell.errors, cell.pending) == (
+        5, 3, 3, 2, 1, 1, 1)
     assert cell.resolve_rate == pytest.approx(2 / 3)
     assert cell.interval == bootstrap_interval([True, False, True])
     assert (cell.mean_steps, cell.mean_tokens, cell.mean_wall_s) == (4.0, 200.0, 3.0)  # the error left out
@@ -124,6 +129,95 @@ def test_the_matrix_counts_errors_apart_and_averages_over_attempts():
     mini_line = next(line for line in text.splitlines() if "mini-swe-agent" in line)
     interval = other.versus.interval
     assert f"+0% [{interval.low:+.0%}, {interval.high:+.0%}] vs react" in mini_line, mini_line
+
+
+# --- what makes a cell: the runs' configuration, tasks and their attempts ------------------------------
+
+SIX = [f"t{i}" for i in range(6)]
+
+
+def _report(tmp_path, *runs: EvalResults) -> tuple[str, str]:
+    """`orchard report` over runs written as an `orchard eval` writes them: (terminal output, HTML page)."""
+    directories = []
+    for index, results in enumerate(runs):
+        directories.append(tmp_path / f"run-{index}")
+        write_results(directories[-1], results)
+    page = tmp_path / "report.html"
+    result = cli.invoke(app, ["report", *map(str, directories), "--out", str(page)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    return result.output, page.read_text()
+
+
+def _matrix_lines(output: str) -> list[str]:
+    table = output[output.index("harness × model"):]
+    return [line for line in table.splitlines() if "react" in line]
+
+
+def test_runs_that_differ_only_in_harness_options_are_two_cells(tmp_path):
+    short = _run("react", "m", [(t, "resolved", 2, 10, 1.0) for t in SIX], run_id="short",
+                 harness_options={"step_limit": 5})
+    long = _run("react", "m", [(t, "failed", 9, 90, 3.0) for t in SIX], run_id="long",
+                harness_options={"step_limit": 50})
+    rows = matrix_rows([short, long])
+    assert [(row.harness_text, row.finished, row.attempts, row.resolve_rate) for row in rows] == [
+        ("react (step_limit=5)", 6, 6, 1.0), ("react (step_limit=50)", 6, 6, 0.0)]
+    assert rows[1].versus.baseline == "react (step_limit=5)" and rows[1].versus.delta == -1.0
+
+    output, html = _report(tmp_path, short, long)
+    first, second = _matrix_lines(output)
+    assert re.search(r"react \(step_limit=5\)\s.*\b6\s.*\b1\s.*6/6\s.*100%", first), first
+    assert re.search(r"react \(step_limit=50\)\s.*\b6\s.*\b1\s.*0/6\s.*0%", second), second
+    runs = output[:output.index("harness × model")]  # the runs table: each run's options
+    assert re.search(r"short\s.*react\s.*step_limit=5\s", runs) and re.search(r"long\s.*step_limit=50\s", runs)
+    matrix = html[html.index('class="matrix"'):]
+    matrix = matrix[:matrix.index("</table>")]
+    assert "<th>react (step_limit=5)</th>" in matrix and "<th>react (step_limit=50)</th>" in matrix
+    assert "6 / 6 resolved" in matrix and "0 / 6 resolved" in matrix and "12 attempt" not in matrix
+    assert "<td>step_limit=5</td>" in html and "<td>step_limit=50</td>" in html  # the runs table
+
+
+def test_runs_that_differ_only_in_sampling_are_two_cells():
+    cold = _run("react", "m", [(t, "resolved", 2, 10, 1.0) for t in SIX])
+    warm = _run("react", "m", [(t, "resolved", 2, 10, 1.0) for t in SIX], sampling=SamplingParams(temperature=0.7))
+    assert [(row.model_text, row.finished) for row in matrix_rows([cold, warm])] == [
+        ("m", 6), ("m (temperature=0.7)", 6)]
+
+
+def test_runs_of_one_configuration_on_the_same_tasks_are_attempts_of_those_tasks(tmp_path):
+    # t0 resolved twice, t1 once of two, the other four never: 6 tasks with 2 attempts each, not 12 tasks
+    first = _run("react", "m", [("t0", "resolved", 2, 10, 1.0), ("t1", "resolved", 2, 10, 1.0)]
+                 + [(t, "failed", 4, 20, 2.0) for t in SIX[2:]], run_id="first")
+    again = _run("react", "m", [("t0", "resolved", 2, 10, 1.0), ("t1", "failed", 4, 20, 2.0)]
+                 + [(t, "failed", 4, 20, 2.0) for t in SIX[2:]], run_id="again")
+    (row,) = matrix_rows([first, again])
+    assert (row.tasks, row.finished, row.attempts, row.attempts_per_task, row.resolved, row.runs) == (
+        6, 6, 12, 2.0, 3, [0, 1])
+    assert row.resolve_rate == pytest.approx((1 + 0.5) / 6)  # the mean over tasks of each task's rate
+    # the bootstrap resamples the 6 tasks (each with its rate), not 12 rollouts
+    assert row.interval == bootstrap_interval([1.0, 0.5, 0, 0, 0, 0])
+    assert row.interval != bootstrap_interval([True, True, True] + [False] * 9)
+
+    output, html = _report(tmp_path, first, again)
+    (line,) = _matrix_lines(output)
+    assert re.search(r"react\W+m\W+6\W+2\W+3/12\W+25%", line), line
+    matrix = html[html.index('class="matrix"'):]
+    assert "3 / 12 resolved" in matrix and "6 task(s), 12 attempt(s)" in matrix
+
+
+def test_two_suites_with_the_same_name_but_other_contents_are_two_cells(tmp_path):
+    here = _run("react", "m", [(t, "resolved", 2, 10, 1.0) for t in SIX], run_id="here", suite="swe-mini",
+                suite_hash="a" * 64)
+    there = _run("react", "m", [(t, "failed", 2, 10, 1.0) for t in SIX], run_id="there", suite="swe-mini",
+                 suite_hash="b" * 64)
+    rows = matrix_rows([here, there])
+    assert [(row.suite_text, row.resolved, row.attempts) for row in rows] == [
+        ("swe-mini (sha256 aaaaaaaaaaaa)", 6, 6), ("swe-mini (sha256 bbbbbbbbbbbb)", 0, 6)]
+    assert rows[1].versus is None  # other tasks: nothing to pair
+
+    output, html = _report(tmp_path, here, there)
+    assert len(_matrix_lines(output)) == 2
+    assert "Suite swe-mini (sha256 aaaaaaaaaaaa): harness × model" in html
+    assert "Suite swe-mini (sha256 bbbbbbbbbbbb): harness × model" in html
 
 
 def test_a_study_plan_grows_and_refuses_another_suite_or_a_shared_directory(tmp_path):

@@ -22,9 +22,11 @@ def report(
 ) -> None:
     """Print the harness × model matrix and write an HTML report of evaluation runs.
 
-    Per harness × model: resolved / attempts, the resolve rate with its 95% bootstrap confidence interval
-    (over tasks, seeded), errors and tasks not run apart (they are not attempts), and steps, tokens and
-    wall time per attempt. The HTML page adds each run's summary and every task's trajectory (steps, tool
+    First each run with its options (harness options, model settings, the suite's content hash). Then one
+    cell per configuration — runs of the same configuration together, a task's rollouts its attempts: tasks,
+    attempts per task, the resolve rate (the mean over tasks of each task's resolved ÷ attempts) with its 95%
+    bootstrap confidence interval (over tasks, seeded), errors and tasks not run apart (they are not
+    attempts), and steps, tokens and wall time per attempt. The HTML page adds each run's summary and every task's trajectory (steps, tool
     calls, observations, errors). No external assets: the file stands alone."""
     from orchard.eval.report import load_runs, unrun_cells, write_report
 
@@ -34,20 +36,36 @@ def report(
         write_report(loaded, out_file, unrun)
     except OrchardError as exc:
         fail(str(exc))
+    print_runs(loaded)
     print_matrix(loaded, unrun)
     out.print(f"report of {len(loaded)} run(s): {escape(str(out_file))}")
+
+
+def _console() -> Console:
+    return out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=200, highlight=False)
+
+
+def print_runs(loaded) -> None:
+    """Each run with its options, so that cells which differ only in them are told apart."""
+    from orchard.eval.summary import runs_table
+
+    if loaded:
+        _console().print(runs_table([run.results for run in loaded]))
 
 
 def print_matrix(loaded, unrun) -> None:
     from orchard.eval.matrix import matrix_rows
     from orchard.eval.summary import matrix_table
 
-    console = out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=200, highlight=False)
+    console = _console()
     rows = matrix_rows([run.results for run in loaded])
     if rows:
         console.print(matrix_table(rows))
-        console.print("rate = resolved ÷ attempts; CI: 95% percentile bootstrap over tasks (seeded); errors are "
-                      "not attempts; Δ: paired over the tasks both harnesses attempted", style="dim")
+        console.print("a cell is one configuration (suite content, harness + options, model + settings); tasks: "
+                      "tasks attempted, att./task: attempts per task (a task's rollouts over the cell's runs); "
+                      "rate = the mean over tasks of each task's resolved ÷ attempts; CI: 95% percentile "
+                      "bootstrap over tasks (seeded); errors are not attempts; Δ: paired over the tasks both "
+                      "harnesses attempted", style="dim")
     for cell in unrun:
         what = f"did not run: {cell.error}" if cell.error else "not run yet"
         console.print(f"[yellow]{escape(cell.harness)} × {escape(cell.model)} {escape(what)}[/]")

@@ -1,29 +1,42 @@
-"""The harness × model matrix of a cross-harness study: per suite, harness and model the resolve rate with a
-bootstrap confidence interval, mean steps, tokens and wall time per attempt, and the errors apart.
+"""The harness × model matrix of a cross-harness study: per cell the resolve rate with a bootstrap confidence
+interval, mean steps, tokens and wall time per attempt, and the errors apart.
 
-**The interval** is a seeded percentile bootstrap over tasks: the cell's finished tasks (resolved or failed;
-errors are not attempts and are left out) are resampled with replacement `resamples` times (10,000), each
-resample's resolve rate is computed, and the interval runs from the (1 − confidence)/2 to the
-(1 + confidence)/2 quantile of those rates (nearest rank). The seed is fixed, so the same runs always give
-the same interval. It says how much the rate could move had the suite held other tasks like these; it says
-nothing about a model's sampling noise on the same task (one rollout per task). At 0 % or 100 % every
-resample gives the same rate and the interval collapses to a point: read it then as "too few tasks to
-tell" (with n tasks all resolved, the true rate can still be as low as about 1 − 3/n).
+**A cell is a configuration** (orchard.eval.cells): the suite's content, the harness with its version and
+options, the model with its sampling settings, the timeouts — the runs' resolved configuration, their resume
+key. Runs of the same configuration are one cell; runs that differ in anything are different cells.
 
-**Harness against harness.** Each cell after the first of its model and suite also gets its difference to
-that first cell (`versus`): the mean of (this cell's outcome − the first cell's) over the tasks both
-attempted, with a paired percentile bootstrap interval (the tasks resampled, each keeping its two outcomes).
-An interval that excludes 0 says the harnesses differ on tasks like these."""
+**Tasks and attempts.** A cell's runs may each run a task: those rollouts are attempts of that one task
+(the basis for pass@k), never more tasks. An attempt is a rollout with an agent outcome (resolved or
+failed); errors are not attempts and are counted apart. A task's success rate is its resolved attempts over
+its attempts, and **the cell's rate is the mean over its attempted tasks of their success rates**: each task
+weighs the same however often it was run (with one attempt per task it is resolved ÷ attempts).
+
+**The interval** is a seeded percentile bootstrap over tasks: the cell's attempted tasks, each with its
+success rate, are resampled with replacement `resamples` times (10,000), each resample's mean rate is
+computed, and the interval runs from the (1 − confidence)/2 to the (1 + confidence)/2 quantile of those
+means (nearest rank). The seed is fixed, so the same runs always give the same interval. It says how much
+the rate could move had the suite held other tasks like these; a task's repeated attempts stay together
+(they are not independent tasks). At 0 % or 100 % every resample gives the same rate and the interval
+collapses to a point: read it then as "too few tasks to tell" (with n tasks all resolved, the true rate can
+still be as low as about 1 − 3/n).
+
+**Harness against harness.** Each cell after the first of its suite and model (with the same sampling
+settings) also gets its difference to that first cell (`versus`): the mean of (this cell's task rate − the
+first cell's) over the tasks both attempted, with a paired percentile bootstrap interval (the tasks
+resampled, each keeping its two rates). An interval that excludes 0 says the harnesses differ on tasks like
+these."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, Field
 
+from orchard.eval.cells import cell_key, harness_text, model_text, suite_key, suite_text
 from orchard.eval.results import EvalResults
+from orchard.eval.run_config import EvalConfig
 
 CONFIDENCE = 0.95
 RESAMPLES = 10_000
@@ -36,10 +49,10 @@ class Interval(BaseModel):
     confidence: float = CONFIDENCE
 
 
-def bootstrap_interval(outcomes: Sequence[bool], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+def bootstrap_interval(outcomes: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                        seed: int = SEED) -> Interval | None:
-    """The percentile bootstrap interval of the mean of `outcomes` (one bool per task: resolved or not);
-    None when there are none."""
+    """The percentile bootstrap interval of the mean of `outcomes`, one per task: resolved or not (a bool),
+    or the task's success rate over its attempts (0 to 1); None when there are none."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
     if resamples < 1:
@@ -47,118 +60,155 @@ def bootstrap_interval(outcomes: Sequence[bool], *, confidence: float = CONFIDEN
     n = len(outcomes)
     if n == 0:
         return None
-    resolved = sum(1 for outcome in outcomes if outcome)
-    if resolved in (0, n):
-        return Interval(low=resolved / n, high=resolved / n, confidence=confidence)
+    values = [float(outcome) for outcome in outcomes]
+    if len(set(values)) == 1:
+        return Interval(low=values[0], high=values[0], confidence=confidence)
     rng = random.Random(seed)
-    p = resolved / n
-    # Resampling n tasks with replacement and counting the resolved ones is n draws of "resolved with
-    # probability k/n": the same distribution, without building the resampled lists.
-    rates = sorted(sum(1 for _ in range(n) if rng.random() < p) / n for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    low = rates[max(0, math.ceil(tail * resamples) - 1)]
-    high = rates[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]
+    if set(values) <= {0.0, 1.0}:
+        p = sum(values) / n
+        # Resampling n tasks with replacement and counting the resolved ones is n draws of "resolved with
+        # probability k/n": the same distribution, without building the resampled lists.
+        rates = sorted(sum(1 for _ in range(n) if rng.random() < p) / n for _ in range(resamples))
+    else:
+        rates = sorted(sum(values[int(rng.random() * n)] for _ in range(n)) / n for _ in range(resamples))
+    return _percentiles(rates, confidence)
+
+
+def _percentiles(sorted_means: list[float], confidence: float) -> Interval:
+    tail, count = (1 - confidence) / 2, len(sorted_means)
+    low = sorted_means[max(0, math.ceil(tail * count) - 1)]
+    high = sorted_means[min(count - 1, math.ceil((1 - tail) * count) - 1)]
     return Interval(low=low, high=high, confidence=confidence)
 
 
 class Difference(BaseModel):
     """This cell's resolve rate minus the baseline cell's, over the tasks both attempted (paired)."""
 
-    baseline: str = Field(description="the baseline cell's harness")
+    baseline: str = Field(description="the baseline cell's harness, with its version and options")
     tasks: int = Field(description="tasks both cells attempted")
     delta: float
     interval: Interval
 
 
-def paired_difference(outcomes: dict[str, bool], baseline: dict[str, bool], *, confidence: float = CONFIDENCE,
-                      resamples: int = RESAMPLES, seed: int = SEED) -> tuple[int, float, Interval] | None:
+def paired_difference(outcomes: Mapping[str, float], baseline: Mapping[str, float], *,
+                      confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                      seed: int = SEED) -> tuple[int, float, Interval] | None:
     """(tasks, mean difference, its percentile bootstrap interval) of `outcomes` − `baseline` over the tasks
-    both have: the tasks are resampled with replacement, each keeping its pair of outcomes, so a task's own
-    difficulty cancels out (a paired comparison needs far fewer tasks than two separate intervals suggest).
-    None when they share no task."""
+    both have (per task: resolved or not, or its success rate over its attempts): the tasks are resampled
+    with replacement, each keeping its pair, so a task's own difficulty cancels out (a paired comparison
+    needs far fewer tasks than two separate intervals suggest). None when they share no task."""
     shared = [task for task in outcomes if task in baseline]
     if not shared:
         return None
     n = len(shared)
-    differences = [int(outcomes[task]) - int(baseline[task]) for task in shared]
+    differences = [float(outcomes[task]) - float(baseline[task]) for task in shared]
     delta = sum(differences) / n
     rng = random.Random(seed)
-    # Only tasks where the two differ move the mean: draw each resampled task's difference by its frequency.
-    up, down = differences.count(1) / n, differences.count(-1) / n
     means = []
-    for _ in range(resamples):
-        total = 0
-        for _ in range(n):
-            draw = rng.random()
-            total += 1 if draw < up else (-1 if draw < up + down else 0)
-        means.append(total / n)
+    if set(differences) <= {-1.0, 0.0, 1.0}:
+        # Only tasks where the two differ move the mean: draw each resampled task's difference by its frequency.
+        up, down = differences.count(1) / n, differences.count(-1) / n
+        for _ in range(resamples):
+            total = 0
+            for _ in range(n):
+                draw = rng.random()
+                total += 1 if draw < up else (-1 if draw < up + down else 0)
+            means.append(total / n)
+    else:
+        means = [sum(differences[int(rng.random() * n)] for _ in range(n)) / n for _ in range(resamples)]
     means.sort()
-    tail = (1 - confidence) / 2
-    low = means[max(0, math.ceil(tail * resamples) - 1)]
-    high = means[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]
-    return n, delta, Interval(low=low, high=high, confidence=confidence)
+    return n, delta, _percentiles(means, confidence)
 
 
 class MatrixRow(BaseModel):
-    """One cell of the matrix: every run of this harness and model on this suite, their tasks together."""
+    """One cell of the matrix: every run of one configuration, a task's rollouts its attempts."""
 
     suite: str
     harness: str
     model: str
-    tasks: int = Field(description="tasks selected")
-    finished: int = Field(description="attempts: tasks whose latest rollout was resolved or failed")
-    resolved: int
-    failed: int
-    errors: int = Field(description="tasks whose latest rollout is an error (not an attempt)")
-    pending: int = Field(description="tasks never run")
-    resolve_rate: float | None = Field(description="resolved / finished")
-    interval: Interval | None = Field(description="bootstrap confidence interval of resolve_rate")
-    mean_steps: float | None = Field(description="per attempt (finished tasks only)")
+    config: EvalConfig = Field(description="the cell's identity: its runs' resolved configuration")
+    tasks: int = Field(description="distinct tasks its runs selected")
+    finished: int = Field(description="distinct tasks with at least one attempt (a resolved or failed rollout)")
+    attempts: int = Field(description="resolved or failed rollouts, over all runs (a task's repeats included)")
+    resolved: int = Field(description="resolved attempts")
+    failed: int = Field(description="failed attempts")
+    errors: int = Field(description="rollouts that ended in an error (not attempts; each run's latest of a task)")
+    pending: int = Field(description="tasks selected that no run of the cell ran")
+    resolve_rate: float | None = Field(description="the mean over finished tasks of each one's resolved share of "
+                                                   "its attempts")
+    interval: Interval | None = Field(description="bootstrap confidence interval of resolve_rate, over tasks")
+    mean_steps: float | None = Field(description="per attempt")
     mean_tokens: float | None = Field(description="prompt + completion tokens per attempt")
     mean_wall_s: float | None = Field(description="a task's own wall time per attempt")
     wall_time_s: float = Field(description="the runs' elapsed time, summed")
     runs: list[int] = Field(default_factory=list, description="indices of the runs in this cell")
     versus: Difference | None = Field(default=None, description=(
-        "the rate minus that of the suite's first harness with the same model, paired over shared tasks"))
+        "the rate minus that of the first cell of the same suite and model settings, paired over shared tasks"))
+
+    @property
+    def harness_text(self) -> str:
+        return harness_text(self.config)
+
+    @property
+    def model_text(self) -> str:
+        return model_text(self.config)
+
+    @property
+    def suite_text(self) -> str:
+        return suite_text(self.config)
+
+    @property
+    def attempts_per_task(self) -> float | None:
+        return self.attempts / self.finished if self.finished else None
 
 
 def matrix_rows(runs: Sequence[EvalResults], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                 seed: int = SEED) -> list[MatrixRow]:
-    """One row per (suite, harness, model), in the order the runs first name them."""
-    cells: dict[tuple[str, str, str], list[int]] = {}
+    """One row per configuration (orchard.eval.cells), in the order the runs first name them."""
+    cells: dict[str, list[int]] = {}
     for index, run in enumerate(runs):
-        settings = run.settings
-        cells.setdefault((settings.suite, settings.harness, settings.model), []).append(index)
+        cells.setdefault(cell_key(run.settings.config()), []).append(index)
     rows = []
-    outcomes: dict[tuple[str, str, str], dict[str, bool]] = {}
-    for (suite, harness, model), indices in cells.items():
+    rates: list[dict[str, float]] = []
+    for indices in cells.values():
         members = [runs[index] for index in indices]
-        tasks = [task for run in members for task in run.tasks]
-        attempts = [task for task in tasks if task.status != "error"]
+        config = members[0].settings.config()
+        results = [task for run in members for task in run.tasks]
+        attempts = [task for task in results if task.status != "error"]
+        by_task: dict[str, list[bool]] = {}
+        for task in attempts:
+            by_task.setdefault(task.task_id, []).append(task.status == "resolved")
+        task_rates = {task_id: sum(outcomes) / len(outcomes) for task_id, outcomes in by_task.items()}
+        selected = set(task_id for run in members for task_id in run.settings.task_ids)
+        ran = set(task.task_id for task in results)
         resolved = sum(1 for task in attempts if task.status == "resolved")
-        outcomes[(suite, harness, model)] = {task.task_id: task.status == "resolved" for task in attempts}
+        rates.append(task_rates)
         rows.append(MatrixRow(
-            suite=suite, harness=harness, model=model, tasks=sum(run.summary.total for run in members),
-            finished=len(attempts), resolved=resolved, failed=len(attempts) - resolved,
-            errors=sum(1 for task in tasks if task.status == "error"),
-            pending=sum(run.summary.pending for run in members),
-            resolve_rate=resolved / len(attempts) if attempts else None,
-            interval=bootstrap_interval([task.status == "resolved" for task in attempts], confidence=confidence,
-                                        resamples=resamples, seed=seed),
+            suite=config.suite, harness=config.harness, model=config.model, config=config,
+            tasks=len(selected | ran), finished=len(task_rates), attempts=len(attempts), resolved=resolved,
+            failed=len(attempts) - resolved, errors=len(results) - len(attempts), pending=len(selected - ran),
+            resolve_rate=sum(task_rates.values()) / len(task_rates) if task_rates else None,
+            interval=bootstrap_interval(list(task_rates.values()), confidence=confidence, resamples=resamples,
+                                        seed=seed),
             mean_steps=_mean(task.steps for task in attempts),
             mean_tokens=_mean((task.prompt_tokens or 0) + (task.completion_tokens or 0) for task in attempts),
             mean_wall_s=_mean(task.wall_time_s for task in attempts if task.wall_time_s is not None),
             wall_time_s=sum(run.elapsed_s for run in members), runs=indices))
-    for row in rows:
-        first = next(other for other in rows if (other.suite, other.model) == (row.suite, row.model))
-        if first is row:
+    for position, row in enumerate(rows):
+        first = next(index for index, other in enumerate(rows) if _same_suite_and_model(other, row))
+        if first == position:
             continue
-        paired = paired_difference(outcomes[(row.suite, row.harness, row.model)],
-                                   outcomes[(first.suite, first.harness, first.model)], confidence=confidence,
-                                   resamples=resamples, seed=seed)
+        paired = paired_difference(rates[position], rates[first], confidence=confidence, resamples=resamples,
+                                   seed=seed)
         if paired is not None:
-            row.versus = Difference(baseline=first.harness, tasks=paired[0], delta=paired[1], interval=paired[2])
+            row.versus = Difference(baseline=rows[first].harness_text, tasks=paired[0], delta=paired[1],
+                                    interval=paired[2])
     return rows
+
+
+def _same_suite_and_model(one: MatrixRow, other: MatrixRow) -> bool:
+    return (suite_key(one.config), one.model, one.config.sampling) == (
+        suite_key(other.config), other.model, other.config.sampling)
 
 
 def _mean(values: Iterable[float]) -> float | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.trajectory import Content, Trajectory
+from orchard.eval.cells import harness_options_text, model_settings_text, suite_key, suite_text
 from orchard.eval.matrix import RESAMPLES, SEED, Interval, MatrixRow, matrix_rows
 from orchard.eval.results import RESULTS_FILE, EvalResults, TaskResult, latest_by_task, read_results, read_trajectories
 from orchard.eval.summary import startup_text, versus_text
@@ -38,6 +39,7 @@ class RunReport:
 class MatrixCell:
     rate: float | None
     resolved: int
+    attempts: int
     finished: int
     errors: int
     anchor: str
@@ -53,11 +55,15 @@ class MatrixCell:
 
 @dataclass
 class SuiteMatrix:
+    """One suite's matrix: a row per harness configuration (harness, version, options, timeouts), a column
+    per model configuration (model, sampling settings), `cells` keyed by (row, column) index."""
+
     suite: str
     harnesses: list[str]
     models: list[str]
-    cells: dict[tuple[str, str], MatrixCell]
+    cells: dict[tuple[int, int], MatrixCell]
     rows: list[MatrixRow] = field(default_factory=list)
+    suite_hash: str | None = None
 
 
 def load_runs(directories: list[Path]) -> list[RunReport]:
@@ -94,18 +100,37 @@ def _run_directories(directories: list[Path]) -> list[Path]:
 
 
 def build_matrices(runs: list[RunReport]) -> list[SuiteMatrix]:
-    """One matrix per suite; when several runs share a cell (same harness, model and suite) their tasks are
-    counted together (orchard.eval.matrix: the rate's bootstrap interval, means per attempt)."""
+    """One matrix per suite (its name and content hash: two suites that share a directory name are two); a
+    cell per configuration, the runs of one configuration together, a task's rollouts its attempts
+    (orchard.eval.matrix: the rate over tasks, its bootstrap interval, means per attempt)."""
     rows = matrix_rows([run.results for run in runs])
+    suites = list(dict.fromkeys(suite_key(row.config) for row in rows))
+    names = [name for name, _ in suites]
     matrices = []
-    for suite in dict.fromkeys(row.suite for row in rows):
-        members = [row for row in rows if row.suite == suite]
-        cells = {(row.harness, row.model): MatrixCell(
-            rate=row.resolve_rate, resolved=row.resolved, finished=row.finished, errors=row.errors,
-            anchor=run_anchor(row.runs[0]), row=row) for row in members}
-        matrices.append(SuiteMatrix(suite, list(dict.fromkeys(row.harness for row in members)),
-                                    list(dict.fromkeys(row.model for row in members)), cells, members))
+    for suite in suites:
+        members = [row for row in rows if suite_key(row.config) == suite]
+        harnesses = list(dict.fromkeys(_harness_part(row) for row in members))
+        models = list(dict.fromkeys(_model_part(row) for row in members))
+        cells = {(harnesses.index(_harness_part(row)), models.index(_model_part(row))): MatrixCell(
+            rate=row.resolve_rate, resolved=row.resolved, attempts=row.attempts, finished=row.finished,
+            errors=row.errors, anchor=run_anchor(row.runs[0]), row=row) for row in members}
+        first_of = {part: next(row for row in members if _harness_part(row) == part) for part in harnesses}
+        model_of = {part: next(row for row in members if _model_part(row) == part) for part in models}
+        # the hash in the title only where a name alone would not tell the suites apart
+        title = members[0].suite_text if names.count(suite[0]) > 1 else suite[0]
+        matrices.append(SuiteMatrix(title, [first_of[part].harness_text for part in harnesses],
+                                    [model_of[part].model_text for part in models], cells, members, suite[1]))
     return matrices
+
+
+def _harness_part(row: MatrixRow) -> str:
+    config = row.config
+    return json.dumps([config.harness, config.harness_version, config.harness_options,
+                       config.timeouts.model_dump()], sort_keys=True)
+
+
+def _model_part(row: MatrixRow) -> str:
+    return json.dumps([row.config.model, row.config.sampling.model_dump()], sort_keys=True)
 
 
 def run_anchor(index: int) -> str:
@@ -120,6 +145,8 @@ def render_report(runs: list[RunReport], unrun: list[StudyCell] | None = None) -
     environment.filters.update(content_text=content_text, clip=clip, as_json=as_json, seconds=seconds,
                                percent=percent, interval=interval_text, number=number, versus=versus_text,
                                startup=startup_filter)
+    environment.globals.update(harness_options=_options_of(harness_options_text),
+                               model_settings=_options_of(model_settings_text), suite_name=_of(suite_text))
     template = environment.from_string(files("orchard.eval").joinpath(TEMPLATE).read_text(encoding="utf-8"))
     return template.render(runs=runs, matrices=build_matrices(runs), run_anchor=run_anchor,
                            task_row=_task_row, unrun=unrun or [], resamples=RESAMPLES, seed=SEED)
@@ -130,6 +157,14 @@ def write_report(runs: list[RunReport], path: str | Path, unrun: list[StudyCell]
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, render_report(runs, unrun))  # a reader never sees half a report
     return path
+
+
+def _of(text):
+    return lambda results: text(results.settings.config())
+
+
+def _options_of(text):
+    return lambda results: text(results.settings.config()) or "-"
 
 
 def _task_row(run: RunReport, result: TaskResult) -> dict[str, Any]:

@@ -141,7 +141,11 @@ class EvalResults(BaseModel):
 
     @property
     def label(self) -> str:
-        return f"{self.settings.harness} × {self.settings.model} on {self.settings.suite}"
+        """`react (step_limit=5) × oracle (temperature=0.2) on swe-mini`: with the options that tell it apart."""
+        from orchard.eval.cells import harness_text, model_text  # cells sits on run_config, as results does
+
+        config = self.settings.config()
+        return f"{harness_text(config)} × {model_text(config)} on {self.settings.suite}"
 
 
 def utc_now() -> str:

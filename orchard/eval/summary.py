@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from orchard.eval.cells import harness_options_text, model_settings_text, suite_text
 from orchard.eval.matrix import MatrixRow
 from orchard.eval.results import EvalResults, EvalSummary
 
@@ -68,25 +69,46 @@ def _shorten(text: str, width: int) -> str:
 
 
 def matrix_table(rows: list[MatrixRow], title: str = "harness × model") -> Table:
-    """The study's matrix, one row per cell: resolve rate with its bootstrap interval, then steps, tokens and
-    wall time per attempt; errors and tasks never run apart (they are not attempts); last the paired
-    difference to the first harness with the same model."""
+    """The study's matrix, one row per cell (a configuration: harness and model with their options): tasks
+    and attempts, the resolve rate with its bootstrap interval, then steps, tokens and wall time per attempt;
+    errors and tasks never run apart (they are not attempts); last the paired difference to the first harness
+    with the same model."""
     table = Table(title=title, title_justify="left")
-    for column, justify in (("suite", "left"), ("harness", "left"), ("model", "left"), ("resolved", "right"),
-                            ("rate", "right"), ("95% CI", "right"), ("errors", "right"), ("not run", "right"),
+    for column, justify in (("suite", "left"), ("harness", "left"), ("model", "left"), ("tasks", "right"),
+                            ("att./task", "right"), ("resolved", "right"), ("rate", "right"), ("95% CI", "right"),
+                            ("errors", "right"), ("not run", "right"),
                             ("steps/att.", "right"), ("tokens/att.", "right"), ("wall s/att.", "right"),
                             ("Δ vs first harness (95% CI)", "right")):
         table.add_column(column, justify=justify, overflow="fold")
     for row in rows:
         interval = row.interval
         confidence = f"{interval.low:.0%}–{interval.high:.0%}" if interval else "-"
-        table.add_row(row.suite, row.harness, row.model, f"{row.resolved}/{row.finished}",
+        per_task = row.attempts_per_task
+        table.add_row(row.suite_text, row.harness_text, row.model_text, str(row.finished),
+                      f"{per_task:.3g}" if per_task is not None else "-", f"{row.resolved}/{row.attempts}",
                       Text(f"{row.resolve_rate:.0%}" if row.resolve_rate is not None else "n/a", style="bold"),
                       confidence, Text(str(row.errors), style="yellow" if row.errors else ""),
                       str(row.pending) if row.pending else "-",
                       f"{row.mean_steps:.1f}" if row.mean_steps is not None else "-",
                       f"{row.mean_tokens:,.0f}" if row.mean_tokens is not None else "-",
                       _seconds(row.mean_wall_s), versus_text(row))
+    return table
+
+
+def runs_table(runs: list[EvalResults], title: str = "runs") -> Table:
+    """One row per run with what tells its cell apart: the harness's version and options, the model's
+    settings, the suite's content hash; then its tasks and outcomes."""
+    table = Table(title=title, title_justify="left")
+    for column, justify in (("run", "left"), ("harness", "left"), ("harness options", "left"), ("model", "left"),
+                            ("model settings", "left"), ("suite", "left"), ("tasks", "right"),
+                            ("resolved", "right"), ("failed", "right"), ("errors", "right"), ("not run", "right")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for results in runs:
+        config, summary = results.settings.config(), results.summary
+        harness = config.harness + (f" {config.harness_version}" if config.harness_version else "")
+        table.add_row(results.run_id, harness, harness_options_text(config) or "-", config.model,
+                      model_settings_text(config) or "-", suite_text(config), str(summary.total),
+                      str(summary.resolved), str(summary.failed), str(summary.errors), str(summary.pending))
     return table
 
 
