@@ -24,9 +24,9 @@ from orchard.core.sandbox import FileInfo, NetworkPolicy, SandboxInfo
 
 app = typer.Typer(help="Create, use and delete sandboxes on an Orchard server (see `orchard serve`).",
                   no_args_is_help=True, pretty_exceptions_enable=False)
-out = Console(highlight=False)
-# Messages on stderr are never wrapped: an error is one line that scripts and tests can match, whatever the
-# terminal's width or the length of the paths it names.
+# Message lines are never wrapped: an error or a path is one line that scripts and tests can match, whatever
+# the terminal's width or the length of the paths it names (tables still fit the width: they wrap in cells).
+out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 UrlOption = Annotated[Optional[str], typer.Option(
