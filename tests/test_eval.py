@@ -237,7 +237,7 @@ def test_cli_eval_runs_prints_the_table_and_errors_clearly(home, tmp_path, scrip
 
     unknown = cli.invoke(app, ["eval", "--harness", "nope", "--model", "oracle", "--suite", "swe-mini",
                                "--out", str(tmp_path / "x")], env=env)
-    assert unknown.exit_code == 1 and "unknown harness 'nope'" in unknown.output and "react" in unknown.output
+    assert unknown.exit_code == 2 and "unknown harness 'nope'" in unknown.output and "react" in unknown.output
     missing = cli.invoke(app, ["eval", "--harness", "react"], env=env)
     assert missing.exit_code == 2 and "--model" in missing.output
     assert not (tmp_path / "x").exists()

@@ -229,7 +229,7 @@ def test_out_pointing_at_a_file_is_a_clean_error(home, tmp_path, scripted):
     target = tmp_path / "a-file"
     target.write_text("keep me")
     result = _invoke(home, scripted, "--suite", "swe-mini", "--tasks", PAGEKIT, "--out", str(target))
-    assert result.exit_code == 1 and "is a file" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "is a file" in result.output and "Traceback" not in result.output
     assert target.read_text() == "keep me"
 
 

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from orchard.cli.sandbox import err, fail, key_values, out
-from orchard.core.errors import OrchardError
+from orchard.core.errors import InvalidRequest, NotFound, OrchardError, SandboxNotFound
 
 app = typer.Typer(help="Evaluate a harness with a model on a task suite; `orchard eval validate` checks a suite.",
                   invoke_without_command=True, no_args_is_help=False, pretty_exceptions_enable=False)
@@ -117,7 +117,7 @@ def eval_command(
                 sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), timeouts=timeouts,
                 orchard_url=url, backend=backend, listener=listener, pool=pool))
     except OrchardError as exc:
-        fail(str(exc))
+        fail_with(exc)
     except KeyboardInterrupt:
         err.print(f"[yellow]interrupted: every sandbox was deleted; finished tasks are kept in {escape(str(target))}. "
                   "Run the same command again to resume.[/]")
@@ -142,7 +142,7 @@ def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None,
             checks = asyncio.run(validate_suite(suite, _split(tasks), parallel=parallel, orchard_url=url,
                                                   backend=backend))
     except OrchardError as exc:
-        fail(str(exc))
+        fail_with(exc)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     table = Table("task", "status", "gold patch", "empty patch", "s", title=f"suite {suite}: gold and empty patches")
@@ -157,6 +157,13 @@ def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None,
     out.print(f"{len(checks)} task(s), {invalid} invalid")
     if invalid:
         raise typer.Exit(1)
+
+
+def fail_with(exc: OrchardError) -> None:
+    """The error on one line; exit 2 for bad input (what the user gave is refused before anything runs, as
+    typer's own usage errors), 1 for anything else."""
+    usage = isinstance(exc, (InvalidRequest, NotFound)) and not isinstance(exc, SandboxNotFound)
+    fail(str(exc), code=2 if usage else 1)
 
 
 class ProgressListener:
@@ -211,7 +218,8 @@ def print_results(results) -> None:
     console.print(summary_line(results.summary))
     for row in results.tasks:  # in full: the table's column is cut to fit
         if row.status == "error":
-            console.print(Text(f"{row.task_id} [{row.exit_status}]: {row.error}", style="yellow"))
+            # One line each, never folded at the terminal's width: scripts and tests match them.
+            console.print(Text(f"{row.task_id} [{row.exit_status}]: {row.error}", style="yellow"), soft_wrap=True)
 
 
 def _harness_options(pairs: list[str]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from orchard.cli.eval import (BackendOption, ParallelOption, ProgressListener, SuiteOption, TasksOption, UrlOption,
-                              _harness_options, _split)
+                              _harness_options, _split, fail_with)
 from orchard.cli.report import print_matrix
 from orchard.cli.sandbox import err, fail, out
 from orchard.core.errors import OrchardError
@@ -64,7 +64,7 @@ def study_command(
     if missing:
         fail(f"missing {', '.join(missing)}: `orchard study --harness react,mini-swe-agent --model oracle "
              "--suite swe-mini` (see `orchard study --help`)", code=2)
-    from orchard.eval.models import eval_gateway_config
+    from orchard.eval.models import check_model_route, eval_gateway_config
     from orchard.eval.report import load_runs, unrun_cells, write_report
     from orchard.eval.run_config import TrialTimeouts
     from orchard.eval.study import eval_cell, run_study
@@ -81,6 +81,8 @@ def study_command(
 
     try:
         configs = {name: eval_gateway_config(name, config=gateway_config) for name in models}
+        for name, config in configs.items():  # bad input refuses the study, before any cell runs
+            check_model_route(config, name)
         timeouts = TrialTimeouts(trial_s=trial_timeout, agent_s=task_timeout)
 
         async def run_cell(cell, directory):
@@ -97,7 +99,7 @@ def study_command(
         unrun = unrun_cells([target])
         html = write_report(runs, report or target / "report.html", unrun)
     except OrchardError as exc:
-        fail(str(exc))
+        fail_with(exc)
     except KeyboardInterrupt:
         err.print(f"[yellow]interrupted: finished tasks are kept in {escape(str(target))}. Run the same command "
                   "again to resume.[/]")

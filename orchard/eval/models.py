@@ -8,7 +8,8 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from orchard.gateway.config import GatewayConfig, ModelRoute
+from orchard.core.errors import InvalidRequest
+from orchard.gateway.config import BUILTIN_PROVIDER_PREFIX, GatewayConfig, ModelRoute
 
 
 def eval_gateway_config(model: str, *, api_base: str | None = None, api_key: str | None = None,
@@ -32,3 +33,22 @@ def eval_gateway_config(model: str, *, api_base: str | None = None, api_key: str
     if timeout_s is not None:
         update["timeout_s"] = timeout_s
     return base.model_copy(update=update)
+
+
+def check_model_route(config: GatewayConfig, model: str) -> None:
+    """Refuse, before any sandbox starts, a model the run's gateway could not call: one it has no route for,
+    or a bare name litellm cannot tell the provider of (e.g. a typo). Otherwise every task would start its
+    sandboxes only to fail on its first model call."""
+    route = config.route(model)  # InvalidRequest for an unknown alias (allow_any_model off)
+    if route.model.startswith(BUILTIN_PROVIDER_PREFIX):
+        return  # Orchard's own models: served by the gateway itself
+    from orchard.gateway.provider import load_litellm
+
+    try:
+        load_litellm().get_llm_provider(route.model, api_base=route.api_base)
+    except Exception:  # litellm's BadRequestError "LLM Provider NOT provided"
+        raise InvalidRequest(
+            f"model {model!r} has no provider: it is not one of Orchard's own models (`orchard model list`), "
+            f"not an alias of the gateway config, and litellm cannot tell which provider serves "
+            f"{route.model!r}. Name it as PROVIDER/MODEL (e.g. openai/NAME with --api-base URL, "
+            "anthropic/claude-...), or add an alias with --gateway-config") from None

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchard.core.errors import InvalidRequest, first_problem
+from orchard.core.errors import InvalidRequest, OrchardError, first_problem
 from orchard.core.harness import SamplingParams
 from orchard.core.task_suite import TaskSuite
 from orchard.util.files import atomic_write_bytes
@@ -93,8 +93,26 @@ def write_config(out_dir: Path, config: EvalConfig) -> None:
     atomic_write_bytes(Path(out_dir) / CONFIG_FILE, (json.dumps(config.key(), indent=2) + "\n").encode())
 
 
-def check_same_config(previous: EvalConfig, config: EvalConfig, out_dir: Path) -> None:
-    """Refuse to resume a run of another configuration into `out_dir`."""
+def harness_defaults(name: str) -> dict[str, Any]:
+    """The options harness `name` runs with when given none (its `config`, as JSON), {} when it cannot say:
+    `--max-steps 50` where 50 is the default is the same configuration as no `--max-steps`."""
+    from orchard.core.harness import get_harness
+
+    try:
+        config = getattr(get_harness(name), "config", None)
+    except OrchardError:  # it needs options, or is not installed: compare the options as given
+        return {}
+    return config.model_dump(mode="json") if isinstance(config, BaseModel) else {}
+
+
+def check_same_config(previous: EvalConfig, config: EvalConfig, out_dir: Path, *,
+                      harness_defaults: dict[str, Any] | None = None) -> None:
+    """Refuse to resume a run of another configuration into `out_dir`. Harness options are compared resolved
+    (over `harness_defaults`, the harness's options when given none), so a default given explicitly is no
+    difference."""
+    if harness_defaults and previous.harness == config.harness:
+        previous, config = (c.model_copy(update={"harness_options": {**harness_defaults, **c.harness_options}})
+                            for c in (previous, config))
     differences = previous.differences(config)
     if differences:
         raise InvalidRequest(

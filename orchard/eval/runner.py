@@ -52,7 +52,9 @@ from orchard.eval.results import (
     utc_now,
     write_results,
 )
-from orchard.eval.run_config import TrialTimeouts, check_same_config, read_config, suite_hash, write_config
+from orchard.eval.models import check_model_route
+from orchard.eval.run_config import (TrialTimeouts, check_same_config, harness_defaults, read_config, suite_hash,
+                                     write_config)
 from orchard.eval.suites import load_suite, select_tasks
 from orchard.eval.trial import Trial, TrialRig
 from orchard.gateway.config import GatewayConfig
@@ -121,6 +123,7 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
         get_bundle_spec(bundle)  # an unknown bundle is refused before anything is written
         backend = backend_for_run(backend, orchard_url, orchard_client is not None)
         gateway_host(backend)  # where the run's gateway would listen for the sandboxes: refused now if unknown
+    check_model_route(gateway_config, model)  # a model no provider serves is refused before any sandbox
     loaded = load_suite(suite)
     tasks = select_tasks(loaded, task_ids)
     settings = EvalSettings(harness=harness, harness_version=agent.version, harness_options=options, model=model,
@@ -134,7 +137,7 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
         raise InvalidRequest(f"{out} holds a run without its configuration (config.json), written by an older "
                              "Orchard; its results cannot be resumed safely. Choose another --out")
     if previous_config is not None:
-        check_same_config(previous_config, settings.config(), out)
+        check_same_config(previous_config, settings.config(), out, harness_defaults=harness_defaults(harness))
     if pool < 0:
         raise InvalidRequest(f"pool must be 0 or more, got {pool}")
     if pool and (orchard_client is not None or orchard_url or os.environ.get("ORCHARD_URL")):

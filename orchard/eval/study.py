@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from orchard.core.errors import InvalidRequest, OrchardError, exception_text
 from orchard.eval.results import EvalResults, read_results
 from orchard.eval.run_config import read_model_file
+from orchard.eval.suites import load_suite, select_tasks
 from orchard.util.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ async def run_study(*, harnesses: list[str], models: list[str], suite: str | Pat
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InvalidRequest(f"--out {out} is a file; give a directory (it is created if missing)")
+    select_tasks(load_suite(suite), None)  # a suite that cannot run refuses the study, not each of its cells
     harnesses, models = list(dict.fromkeys(harnesses)), list(dict.fromkeys(models))
     study = plan_study(out, harnesses, models, str(suite))
     write_study(out, study)

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 import orchard
-from orchard.core.errors import NotFound
+from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.jsonl import read_jsonl
 from orchard.core.task import SWEBENCH_WORKDIR, SWEBenchInstance, Task, TaskEnvironment, TaskFile
 from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite
@@ -78,7 +78,11 @@ def load_suite(name_or_dir: str | Path | TaskSuite) -> TaskSuite:
 
 
 def select_tasks(suite: TaskSuite, task_ids: list[str] | None) -> list[Task]:
-    """The suite's tasks, or those named (in the order given); an unknown id is a NotFound naming it."""
+    """The suite's tasks, or those named (in the order given); an unknown id is a NotFound naming it. A
+    suite without tasks is refused: a run of nothing would report 0/0 and pass."""
+    if not suite.tasks:
+        raise InvalidRequest(f"suite {suite.name!r} has no tasks (its {TASKS_FILE} is empty); add tasks, one per "
+                             "line, or choose another suite")
     if not task_ids:
         return list(suite.tasks)
     return [suite.get(task_id) for task_id in dict.fromkeys(task_ids)]
@@ -134,6 +138,8 @@ def repository_files(repo_dir: Path) -> list[TaskFile]:
 
 
 def _holds_swebench_instances(directory: Path) -> bool:
+    if not (directory / TASKS_FILE).is_file():
+        return False  # TaskSuite.load says what is missing
     manifest = directory / MANIFEST_FILE
     if manifest.is_file():
         try:

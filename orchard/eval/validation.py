@@ -17,7 +17,7 @@ from orchard.core.task import SWETestsGrader, Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Outcome
 from orchard.eval.grading import grade_swe_patch
-from orchard.eval.suites import load_suite, select_tasks
+from orchard.eval.suites import LOAD_ERROR_KEY, load_suite, select_tasks
 from orchard.eval.swe_tests import PASSED
 from orchard.sandbox.client import AsyncOrchard
 
@@ -54,6 +54,10 @@ async def validate_task(orch: SandboxFactory, task: Task) -> TaskValidation:
     grader = task.grader
     if not isinstance(grader, SWETestsGrader) or not grader.reference_patch:
         result.problems.append("not a SWE task with a reference (gold) patch: nothing to validate")
+        return result
+    load_error = task.metadata.get(LOAD_ERROR_KEY)
+    if load_error:  # e.g. its repository is missing: grading it would only report git's complaint
+        result.problems.append(str(load_error))
         return result
     try:
         gold, empty = await asyncio.gather(grade_swe_patch(orch, task, grader.reference_patch, label="gold patch"),
