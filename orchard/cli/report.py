@@ -26,8 +26,8 @@ def report(
     cell per configuration — runs of the same configuration together, a task's rollouts its attempts: tasks,
     attempts per task, the resolve rate (the mean over tasks of each task's resolved ÷ attempts) with its 95%
     bootstrap confidence interval (over tasks, seeded), errors and tasks not run apart (they are not
-    attempts), and steps, tokens and wall time per attempt. The HTML page adds each run's summary and every task's trajectory (steps, tool
-    calls, observations, errors). No external assets: the file stands alone."""
+    attempts), and steps, tokens and wall time per attempt. The HTML page adds each run's summary and every
+    task's trajectory (steps, tool calls, observations, errors). No external assets: the file stands alone."""
     from orchard.eval.report import load_runs, unrun_cells, write_report
 
     try:

@@ -1,6 +1,7 @@
-"""The HTML report over evaluation runs (`orchard report DIR... --out report.html`): per suite a harness ×
-model matrix of resolve rates (colored cells, each with its bootstrap interval) and the same cells as rows
-(steps, tokens and wall time per attempt, errors apart), a summary of each run, and each task's trajectory to
+"""The HTML report over evaluation runs (`orchard report DIR... --out report.html`): per suite (its content) a
+harness × model matrix of resolve rates, a cell per configuration (orchard.eval.cells; colored, each with its
+bootstrap interval) and the same cells as rows (tasks, attempts; steps, tokens and wall time per attempt,
+errors apart), a summary of each run with its options, and each task's trajectory to
 expand (steps, tool calls, observations, errors, the patch and the test outcomes). A study's directory
 (`orchard study --out`) stands for all of its cells.
 
