@@ -1,11 +1,13 @@
 """An independent validator of ATIF documents, written from ATIF's specification (Harbor's RFC 0001,
 ATIF-v1.6 and ATIF-v1.7) and not from Orchard's models: what Orchard exports must pass it.
 
-Each object forbids fields its version does not define. The rules beyond field types are the RFC's: step
-ids run 1, 2, 3, ...; an observation result's `source_call_id` names a tool call of the same step; tool
-call ids are unique within a step; model_name, reasoning_effort, reasoning_content, tool_calls and metrics
-are only for agent steps; timestamps are ISO 8601. v1.6 -> v1.7: `extra` on tool calls and observation
-results, `llm_call_count` on steps (0 on an agent step: no metrics, no reasoning), `trajectory_id` and
+Each object forbids fields its version does not define, and numbers are finite (JSON has no NaN or
+Infinity). The rules beyond field types are the RFC's and its schema's: a trajectory has at least one step
+(the schema's `minItems: 1`, at every version and in embedded subagent trajectories); step ids run 1, 2, 3,
+...; an observation result's `source_call_id` names a tool call of the same step; tool call ids are unique
+within a step; model_name, reasoning_effort, reasoning_content, tool_calls and metrics are only for agent
+steps; timestamps are ISO 8601. v1.6 -> v1.7: `extra` on tool calls and observation results,
+`llm_call_count` on steps (0 on an agent step: no metrics, no reasoning), `trajectory_id` and
 `subagent_trajectories` (each embedded one with a unique trajectory_id) on the root, `session_id` optional
 on the root and on subagent references, which must then name a trajectory_id or a trajectory_path."""
 
@@ -21,7 +23,7 @@ AGENT_ONLY = ("model_name", "reasoning_effort", "reasoning_content", "tool_calls
 
 
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 # --- ATIF-v1.6 -------------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ class Trajectory16(Spec):
     schema_version: Literal["ATIF-v1.6"]
     session_id: StrictStr
     agent: AgentSchema16
-    steps: list[Step16]
+    steps: list[Step16] = Field(min_length=1)
     notes: StrictStr | None = None
     final_metrics: FinalMetrics16 | None = None
     continued_trajectory_ref: StrictStr | None = None
@@ -193,7 +195,7 @@ class Trajectory17(Trajectory16):
     schema_version: Literal["ATIF-v1.7"]
     session_id: StrictStr | None = None
     trajectory_id: StrictStr | None = None
-    steps: list[Step17]
+    steps: list[Step17] = Field(min_length=1)
     subagent_trajectories: list[Trajectory17] | None = None
 
     @model_validator(mode="after")

@@ -16,14 +16,17 @@ from typer.testing import CliRunner
 from orchard.cli.main import app
 from orchard.core.atif import FIELDS_ADDED_IN, from_atif, to_atif
 from orchard.core.errors import InvalidRequest
-from orchard.core.jsonl import write_jsonl
+from orchard.core.jsonl import read_jsonl, write_jsonl
 from orchard.core.trajectory import AtifObject, ContentPart, ImageSource, Step, Trajectory
-from orchard.eval.atif_export import atif_file_name
+from orchard.core.task import ScriptGrader, Task, TaskEnvironment
+from orchard.core.task_suite import TaskSuite
+from orchard.eval.atif_export import atif_file_name, export_atif
+from orchard.eval.runner import run_eval
 from orchard.harnesses.mini_swe_agent import MiniSweAgentHarness
 from orchard.harnesses.react import ReActHarness
 from orchard.sandbox.client import AsyncOrchard
 from tests.atif_spec import validate_atif
-from tests.harness_rig import model_config, swe_mini_task, task_sandbox, tool_calls
+from tests.harness_rig import SCRIPTED, model_config, scripted_config, swe_mini_task, task_sandbox, tool_calls
 from tests.test_harness_mini_swe_agent import SOLVING_SCRIPT as MINI_SCRIPT
 from tests.test_harness_react import SOLVING_SCRIPT as REACT_SCRIPT
 from tests.test_trajectory import rich_trajectory
@@ -67,6 +70,49 @@ def test_the_validator_refuses_what_v16_does_not_have():
             validate_atif(document)
     validate_atif({**good, "schema_version": "ATIF-v1.7", "session_id": None, "trajectory_id": "t",
                    "steps": [{**step, "llm_call_count": 1, "tool_calls": [{**step["tool_calls"][0], "extra": {}}]}]})
+
+
+def test_the_validator_is_as_strict_as_the_schema_on_steps_and_numbers():
+    """ATIF's schema: `steps` has minItems 1 (at every version, embedded subagents too); JSON numbers are
+    finite."""
+    agent = {"name": "a", "version": "1"}
+    step = {"step_id": 1, "source": "agent", "message": "hi"}
+    v16 = {"schema_version": "ATIF-v1.6", "session_id": "s", "agent": agent, "steps": [step]}
+    v17 = {"schema_version": "ATIF-v1.7", "agent": agent, "steps": [step]}
+    validate_atif(v16), validate_atif(v17)
+    not_atif = [
+        {**v16, "steps": []},
+        {**v17, "steps": []},
+        {**v17, "subagent_trajectories": [{**v17, "trajectory_id": "sub", "steps": []}]},
+        {**v16, "steps": [{**step, "metrics": {"logprobs": [float("nan")]}}]},
+        {**v16, "steps": [{**step, "metrics": {"cost_usd": float("inf")}}]},
+    ]
+    for document in not_atif:
+        with pytest.raises(ValidationError):
+            validate_atif(document)
+    validate_atif({**v17, "subagent_trajectories": [{**v17, "trajectory_id": "sub"}]})
+
+
+def test_a_trajectory_without_steps_exports_one_system_step_that_says_why():
+    broken = Trajectory(agent={"name": "react", "version": "1"}, task_id="t", exit_status="environment_error",
+                        outcome={"error": "environment setup failed: `make` exited 2"})
+    for version in (None, "ATIF-v1.7"):
+        document = exported_and_valid(broken, version=version)
+        (step,) = document["steps"]
+        assert (step["step_id"], step["source"]) == (1, "system")
+        assert "recorded no steps" in step["message"] and "environment_error" in step["message"]
+        assert "`make` exited 2" in step["message"]
+        assert document["extra"]["orchard"]["stand_in_step"] is True
+        assert from_atif(document).steps == []  # the stand-in is not a step of the rollout
+    assert from_atif(to_atif(broken)) == broken
+    # an embedded subagent that recorded nothing: the same, inside the document
+    parent = Trajectory(schema_version="ATIF-v1.7", agent={"name": "a", "version": "1"},
+                        steps=[Step(step_id=1, source="user", message="go")],
+                        subagent_trajectories=[Trajectory(schema_version="ATIF-v1.7", trajectory_id="sub",
+                                                          agent={"name": "b", "version": "1"})])
+    document = exported_and_valid(parent)
+    assert document["subagent_trajectories"][0]["steps"][0]["source"] == "system"
+    assert from_atif(document) == parent
 
 
 def test_the_version_table_covers_every_atif_field_of_the_schema():
@@ -172,6 +218,27 @@ async def test_real_harness_trajectories_export_as_valid_atif(harness_trajectori
 
 
 # --- orchard export atif ---------------------------------------------------------------------------
+
+async def test_an_environment_error_rollout_exports_as_valid_atif(sandbox_home, tmp_path, scripted):
+    """A real run whose task's setup fails: the rollout has no steps, its export is still valid ATIF."""
+    task = Task(id="setup-fails", instruction="Never seen: the setup fails first.",
+                environment=TaskEnvironment(image="host", setup=["echo no repository here >&2; exit 3"]),
+                grader=ScriptGrader(script="true"))
+    run_dir = tmp_path / "run"
+    async with AsyncOrchard(home=sandbox_home) as orchard:
+        await run_eval(harness="react", model=SCRIPTED, suite=TaskSuite(name="broken", tasks=[task]),
+                       out_dir=run_dir, gateway_config=scripted_config(scripted), orchard_client=orchard)
+    (trajectory,) = read_jsonl(run_dir / "trajectories.jsonl")
+    assert (trajectory.steps, trajectory.exit_status) == ([], "environment_error")
+    for version in (None, "ATIF-v1.7"):
+        (path,) = export_atif(run_dir, tmp_path / f"atif-{version}", version=version)
+        document = json.loads(path.read_text())
+        validate_atif(document)
+        (step,) = document["steps"]
+        assert step["source"] == "system" and "environment_error" in step["message"]
+        assert trajectory.outcome.error in step["message"]
+    assert from_atif(json.loads(path.read_text())).steps == []
+
 
 def test_export_cli_writes_one_valid_file_per_trajectory(harness_trajectories, tmp_path):
     run_dir, out_dir = tmp_path / "run", tmp_path / "atif"

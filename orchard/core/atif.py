@@ -12,6 +12,11 @@
   results), in the enclosing object's `extra["orchard"]["nested"]`, keyed by their path from it, e.g.
   `{"tool_calls[0]": {"raw_arguments": "...", "extra": {...}}, "observation.results[1]": {"extra": {...}}}`.
 
+ATIF requires at least one step, and a rollout can have none (its environment failed before the agent
+acted). Such a trajectory is written with one `system` step that says so and why (the exit status and the
+error), and `extra["orchard"]["stand_in_step"]: true` on the trajectory marks that step as not part of the
+interaction; `from_atif` drops it again, so the round trip still gives `steps == []`.
+
 Embedded subagent trajectories (v1.7) are written by the document's version, which they then declare.
 `from_atif` reverses this, so `from_atif(to_atif(t)) == t`, and reads plain ATIF (v1.0-v1.7) written by
 other tools, where absent fields and nulls take Orchard's defaults."""
@@ -47,6 +52,7 @@ from orchard.core.trajectory import (
 )
 
 NESTED_KEY = "nested"
+STAND_IN_KEY = "stand_in_step"  # under a trajectory's extra["orchard"]: its one step stands in for none
 
 # ATIF's fields per object and the minor version that added each (ATIF-v1.<n>), from RFC 0001's history:
 # v1.1 root `extra`; v1.3 `completion_token_ids`; v1.4 `prompt_token_ids`; v1.5 `tool_definitions`,
@@ -151,6 +157,9 @@ def _export(model: AtifObject, minor: int, where: str) -> tuple[dict[str, Any], 
         out[name] = _export_value(value, minor, name, f"{where}.{name}", carried)
     if isinstance(model, Trajectory):  # embedded subagents are part of the document: written by its version
         out["schema_version"] = f"ATIF-v1.{minor}"
+        if not out["steps"]:  # ATIF needs at least one step: say why there are none, marked as a stand-in
+            out["steps"] = [{"step_id": 1, "source": "system", "message": _no_steps_text(model)}]
+            own[STAND_IN_KEY] = True
     if "message" in own:  # content parts before v1.6: the required message keeps their text
         out["message"] = _text_of(model.message)
     if isinstance(model, SubagentTrajectoryRef) and minor >= 7 and not (model.trajectory_id or model.trajectory_path):
@@ -196,6 +205,17 @@ def _plain(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+def _no_steps_text(trajectory: Trajectory) -> str:
+    why = []
+    if trajectory.exit_status is not None:
+        why.append(f"exit status {trajectory.exit_status}")
+    if trajectory.outcome is not None and trajectory.outcome.error:
+        why.append(f"error: {trajectory.outcome.error}")
+    return ("[orchard] This rollout recorded no steps" + (f" ({'; '.join(why)})" if why else "")
+            + ". ATIF requires at least one step, so this system step stands in for none; it is not part of "
+              "the interaction.")
+
+
 def _text_of(content: Content) -> str:
     if isinstance(content, str):
         return content
@@ -217,6 +237,7 @@ def _import(cls: type[AtifObject], data: Mapping[str, Any], where: str) -> dict[
                 raise InvalidRequest(f"{where}.extra.{ORCHARD_EXTRA_KEY} must be an object")
             orchard = dict(orchard)
             nested = orchard.pop(NESTED_KEY, None)
+            stand_in = cls is Trajectory and orchard.pop(STAND_IN_KEY, False) is True
             unknown = sorted(set(orchard) - set(cls.model_fields) - {"extra"})
             if unknown:
                 raise InvalidRequest(
@@ -228,6 +249,8 @@ def _import(cls: type[AtifObject], data: Mapping[str, Any], where: str) -> dict[
                                      f"extra.{ORCHARD_EXTRA_KEY}; keep one")
             fields.update(orchard)
             from_orchard = set(orchard)
+            if stand_in:  # the one step only said that the rollout had none
+                fields["steps"] = []
             if nested is not None:
                 _restore_nested(fields, nested, f"{where}.extra.{ORCHARD_EXTRA_KEY}.{NESTED_KEY}")
     if cls is Trajectory and "session_id" not in fields:
