@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends.bwrap import (REMAP_BASE, SandboxPaths, bwrap_args, find_bwrap, id_map,
-                                            remaps_ids, sandbox_env)
+                                            agent_env, remaps_ids)
 from orchard.sandbox.backends.local import MOUNT_RACE_ATTEMPTS, MOUNT_RACE_MESSAGES, LocalBackend
 from orchard.sandbox.backends.local_launch import HOST_ENV, writable_subdirs
 from orchard.sandbox.bundle import AgentBundle
@@ -69,7 +69,7 @@ def _time_once(bundle: AgentBundle, spec: SandboxSpec) -> float:
         token_fd = _memfd("token", b"bench")
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe() if remap else (None, None)
-        args = bwrap_args(spec, None, paths, bundle.path, "bench", sandbox_env(spec, None, bundle.launch_env()),
+        args = bwrap_args(spec, None, paths, bundle.path, "bench", agent_env(),
                           info_w, token_fd, userns_block_fd=block_r, hidden=LocalBackend()._hidden_paths())
         args_fd = _memfd("args", b"".join(a.encode() + b"\0" for a in args))
         passed = [fd for fd in (args_fd, info_w, token_fd, block_r) if fd is not None]

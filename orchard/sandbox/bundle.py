@@ -24,6 +24,7 @@ import compileall
 import hashlib
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -37,10 +38,15 @@ from pydantic import BaseModel
 
 from orchard.core.errors import BackendError
 
-BUNDLE_FORMAT = 2  # 2: the empty harness/ mount point
+BUNDLE_FORMAT = 3  # 2: the empty harness/ mount point; 3: its content hash beside it (CONTENT_HASH_SUFFIX)
 AGENT_PACKAGE = "orchard_agent"
 AGENT_SOURCE_DIR = Path(__file__).resolve().parent / "agent"
 DEFAULT_MOUNT_POINT = "/.orchard"
+# `agent-bundle-<key>` + this: the hash of the bundle's files, written when it is built. Beside the bundle,
+# not in it: a sandbox sees only the bundle, so it can never rewrite the hash that root checks the bundle
+# against before the agent zygote runs it on the host (`verify_content`).
+CONTENT_HASH_SUFFIX = ".sha256"
+HASH_FILE_WAIT_S = 5.0
 
 # Stdlib parts the agent never imports: tests, GUI, packaging tools, docs, the static-library build kit.
 PRUNED_STDLIB_DIRS = {"test", "tests", "idle_test", "idlelib", "tkinter", "turtledemo", "ensurepip",
@@ -56,14 +62,23 @@ PRUNED_EXTENSION_PREFIXES = ("_test", "_xx", "xx", "_ctypes_test", "_tkinter", "
 VIRTUAL_LIBRARIES = ("linux-vdso.so", "linux-gate.so")
 
 
-def agent_launcher(package: str = AGENT_PACKAGE) -> str:
-    """The `-c` program that starts the agent. Not `-m PACKAGE`: runpy and what it imports are ~1 ms of
-    every start, and `-m` puts the directory the interpreter starts in (a sandbox's workdir, which its
-    workload writes) first on sys.path, where the agent's later imports (tempfile, tarfile, ...) would
-    find the workload's modules instead of the standard library's. `-c` puts '' (the same directory)
-    there, which this drops before importing anything."""
-    return (f"import sys; sys.path[:] = [p for p in sys.path if p]; "
-            f"from {package}.__main__ import main; main()")
+# How the bundled interpreter starts: isolated (-I: no PYTHON* variable is read, no user site, the start
+# directory not on sys.path), no site module (-S), no bytecode written (-B). Nothing in the environment
+# can then change what it loads: only the bundle's standard library (found from the interpreter's own
+# place, runtime/bin -> runtime/lib) and the agent package, which the launcher puts on sys.path.
+INTERPRETER_FLAGS = ("-I", "-S", "-B", "-X", "utf8")
+
+
+def agent_launcher(package: str = AGENT_PACKAGE, mount_point: str = DEFAULT_MOUNT_POINT,
+                   entry: str = "__main__", call: str = "main()") -> str:
+    """The `-c` program that starts the agent from the bundle at `mount_point`. Not `-m PACKAGE`: runpy
+    and what it imports are ~1 ms of every start, and `-m` puts the directory the interpreter starts in (a
+    sandbox's workdir, which its workload writes) first on sys.path, where the agent's later imports
+    (tempfile, tarfile, ...) would find the workload's modules instead of the standard library's. `-I`
+    adds no such entry; any empty one is dropped all the same, and the bundle's root goes first (not
+    PYTHONPATH, which -I ignores)."""
+    return (f"import sys; sys.path[:] = [{mount_point!r}] + [p for p in sys.path if p]; "
+            f"from {package}.{entry} import {call.split('(')[0]}; {call}")
 
 
 class BundleManifest(BaseModel):
@@ -77,6 +92,7 @@ class BundleManifest(BaseModel):
     library_dir: str = "runtime/lib"
     loader: str
     agent_package: str = AGENT_PACKAGE
+    content_hash: str = ""  # `content_hash()` of the bundle when built (the copy beside it is the one trusted)
 
 
 class AgentBundle(BaseModel):
@@ -88,13 +104,45 @@ class AgentBundle(BaseModel):
     def launch_argv(self, listen: str, workdir: str, mount_point: str = DEFAULT_MOUNT_POINT) -> list[str]:
         """The agent's command line, for a bundle mounted at `mount_point` inside the sandbox."""
         m = self.manifest
+        return [*self.interpreter_argv(mount_point), "-c", agent_launcher(m.agent_package, mount_point),
+                "--listen", listen, "--workdir", workdir]
+
+    def interpreter_argv(self, mount_point: str = DEFAULT_MOUNT_POINT) -> list[str]:
+        """The bundled interpreter, started through the bundled loader (`--library-path` replaces any
+        LD_LIBRARY_PATH), with INTERPRETER_FLAGS."""
+        m = self.manifest
         return [f"{mount_point}/{m.loader}", "--library-path", f"{mount_point}/{m.library_dir}",
-                f"{mount_point}/{m.python}", "-s", "-S", "-B", "-X", "utf8",
-                "-c", agent_launcher(m.agent_package), "--listen", listen, "--workdir", workdir]
+                f"{mount_point}/{m.python}", *INTERPRETER_FLAGS]
 
     def launch_env(self, mount_point: str = DEFAULT_MOUNT_POINT) -> dict[str, str]:
-        """Environment that points the bundled interpreter at its own stdlib and the agent package."""
+        """Environment for interpreters started without -I (older tools and tests); the agent's own
+        start needs none (`agent_launcher`)."""
         return {"PYTHONHOME": f"{mount_point}/{self.manifest.home}", "PYTHONPATH": mount_point}
+
+    @property
+    def hash_file(self) -> Path:
+        return self.path.with_name(self.path.name + CONTENT_HASH_SUFFIX)
+
+    def verify_content(self) -> None:
+        """Raise BackendError unless the bundle's files hash to what was recorded beside it when it was
+        built: the agent zygote runs them as root on the host, and a bundle changed since (a sandbox that
+        got write access to it, a stray edit) must never get there."""
+        deadline = time.monotonic() + HASH_FILE_WAIT_S
+        while True:
+            try:
+                expected = self.hash_file.read_text().strip()
+                break
+            except FileNotFoundError as e:
+                if time.monotonic() < deadline:  # its builder writes it right after publishing the bundle
+                    time.sleep(0.05)
+                    continue
+                raise BackendError(f"the agent bundle {self.path} has no recorded content hash ({e}); "
+                                   "remove the bundle directory so that it is built again") from e
+        actual = content_hash(self.path)
+        if actual != expected:
+            raise BackendError(f"the agent bundle {self.path} was changed after it was built (its files hash "
+                               f"to {actual[:16]}, recorded {expected[:16]}); refusing to run it as root. "
+                               "Remove the bundle directory (it is rebuilt) and find what wrote to it")
 
 
 _memo_lock = threading.Lock()
@@ -138,6 +186,32 @@ def bundle_key(agent_dir: Path = AGENT_SOURCE_DIR) -> str:
     return h.hexdigest()[:16]
 
 
+def content_hash(root: Path) -> str:
+    """sha256 over every entry of the bundle but its manifest: relative path, kind, the executable bit,
+    and the file's bytes or the link's target; so an added, removed or changed file changes it."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, name)
+            relative = os.path.relpath(path, root)
+            if relative == "manifest.json":
+                continue
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                h.update(b"L %s -> %s\0" % (os.fsencode(relative), os.fsencode(os.readlink(path))))
+            elif stat.S_ISDIR(st.st_mode):
+                h.update(b"D %s\0" % os.fsencode(relative))
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as f:
+                    digest = hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") \
+                        else hashlib.sha256(f.read()).hexdigest()
+                h.update(b"F %s %d %s\0" % (os.fsencode(relative), bool(st.st_mode & 0o111), digest.encode()))
+            else:
+                h.update(b"? %s\0" % os.fsencode(relative))
+    return h.hexdigest()
+
+
 def _agent_sources(agent_dir: Path) -> list[Path]:
     return [p for p in agent_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts
             and p.suffix not in (".pyc", ".pyo")]
@@ -149,16 +223,22 @@ def _build(final: Path, key: str, agent_dir: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         loader = _build_into(tmp, key, agent_dir)
+        digest = content_hash(tmp)
         manifest = BundleManifest(key=key, python_version=sys.version.split()[0],
-                                  loader=f"runtime/lib/{loader}")
+                                  loader=f"runtime/lib/{loader}", content_hash=digest)
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2))
         tmp.chmod(0o755)
+        hash_file = final.with_name(final.name + CONTENT_HASH_SUFFIX)
         try:
             os.rename(tmp, final)
         except OSError:
-            # Another builder published the same key first; theirs is identical, keep it.
+            # Another builder published the same key first; theirs is identical, keep it (and its hash).
             if not (final / "manifest.json").is_file():
                 raise
+        else:  # ours is published: record its hash (atomically; a reader before this finds none and says so)
+            hash_tmp = hash_file.with_name(f".{hash_file.name}.{os.getpid()}")
+            hash_tmp.write_text(digest + "\n")
+            os.rename(hash_tmp, hash_file)
     except (OSError, subprocess.SubprocessError) as e:
         raise BackendError(f"could not build the agent bundle in {final.parent}: {e}; check that the "
                            "directory is writable and has ~50 MB free") from e

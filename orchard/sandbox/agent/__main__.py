@@ -14,9 +14,13 @@ the commands'); see pidns.py.
 agent puts the process that starts its commands (or, where that cannot work, itself) before serving; see
 workload_cgroup.py.
 
-The token comes from ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN; both, and the
-PYTHONHOME/PYTHONPATH the agent was started with, are removed from the environment its children get. Once
-listening it prints `READY <address>` (with the bound port for tcp:...:0) and nothing else on stdout.
+The token comes from ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN. The environment
+its commands and shells start from comes from ORCHARD_AGENT_ENV_FILE (a JSON object of names to values),
+read with the token, before the agent takes the sandbox's identity: the local backend starts the agent
+with an environment of its own (no spec's or image's variable reaches the agent's loader or interpreter)
+and hands the workload's over as that file. Without it the commands get the agent's environment, minus
+the token's variables and the PYTHONHOME/PYTHONPATH it may have been started with. Once listening it
+prints `READY <address>` (with the bound port for tcp:...:0) and nothing else on stdout.
 
 Backends start it with `-c` (orchard/sandbox/bundle.py, `agent_launcher`), which skips runpy; either
 way the directory it started in is taken off sys.path first (`_drop_start_dir`)."""
@@ -29,7 +33,8 @@ import signal
 import sys
 
 
-SCRUBBED_ENV = ("ORCHARD_AGENT_TOKEN", "ORCHARD_AGENT_TOKEN_FILE", "PYTHONHOME", "PYTHONPATH")
+SCRUBBED_ENV = ("ORCHARD_AGENT_TOKEN", "ORCHARD_AGENT_TOKEN_FILE", "ORCHARD_AGENT_ENV_FILE", "PYTHONHOME",
+                "PYTHONPATH")
 DEFAULT_MAX_BODY = 4 << 30
 DEFAULT_MAX_JSON = 16 << 20
 
@@ -53,6 +58,23 @@ def _read_token() -> str:
         _fail("no token: set ORCHARD_AGENT_TOKEN_FILE (a file holding it) or ORCHARD_AGENT_TOKEN; "
               "the agent refuses to serve without one")
     return token
+
+
+def _read_workload_env():
+    """The commands' environment from ORCHARD_AGENT_ENV_FILE, or None without one."""
+    path = os.environ.get("ORCHARD_AGENT_ENV_FILE")
+    if not path:
+        return None
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            env = json.loads(f.read())
+    except (OSError, ValueError) as exc:
+        _fail("cannot read the commands' environment ORCHARD_AGENT_ENV_FILE=%s: %s" % (path, exc))
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        _fail("ORCHARD_AGENT_ENV_FILE=%s must hold a JSON object of strings" % path)
+    return env
 
 
 def _size_from_env(name: str, default: int) -> int:
@@ -138,6 +160,7 @@ def main(argv=None):
         sys.argv[1:] if argv is None else argv)
 
     token = _read_token()  # first: once the agent has its identity, the token file is no longer readable
+    commands_env = _read_workload_env()  # (so is this one)
     if user:
         from . import pidns
 
@@ -185,7 +208,7 @@ def main(argv=None):
             Forwarder(gateway).start()
         except (ValueError, OSError) as exc:
             _fail("cannot relay the model gateway at 127.0.0.1:4000 to %s: %s" % (gateway, exc))
-    context = AgentContext(token, workdir, dict(os.environ),
+    context = AgentContext(token, workdir, dict(os.environ) if commands_env is None else commands_env,
                            max_body=_size_from_env("ORCHARD_AGENT_MAX_BODY", DEFAULT_MAX_BODY),
                            max_json=_size_from_env("ORCHARD_AGENT_MAX_JSON", DEFAULT_MAX_JSON))
     try:

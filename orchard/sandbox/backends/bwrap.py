@@ -25,7 +25,8 @@ What the arguments do:
 - with `spec.bundles`, a tiny read-only tmpfs at /.orchard/harness holding a read-only bind of each
   built harness bundle at /.orchard/harness/<name> (docs/harness-bundles.md);
 - the agent bundle read-only at /.orchard, and at /.orchard/run a tiny read-only tmpfs holding only the
-  token (and, with `network.gateway`, the model gateway's Unix socket, bound in read-only: the agent
+  token and the workload's environment (WORKLOAD_ENV_FILE: the agent's own environment is `agent_env`,
+  the same for every sandbox) (and, with `network.gateway`, the model gateway's Unix socket, bound in read-only: the agent
   relays 127.0.0.1:4000 to it, and the sandbox has no other way out). The agent's socket is not in the
   sandbox at all: it is bound on the host and handed to the agent
   as an open file descriptor (`--listen fd:N`), so nothing the sandbox can write lies outside its
@@ -34,6 +35,7 @@ What the arguments do:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -51,11 +53,13 @@ from orchard.sandbox.images import IdMap, ImageStore
 RUN_MOUNT_POINT = f"{DEFAULT_MOUNT_POINT}/run"
 SOCKET_NAME = "agent.sock"
 TOKEN_NAME = "token"
+# The workload's environment (bwrap.workload_env), a file beside the token, read by the agent once.
+WORKLOAD_ENV_FILE = f"{RUN_MOUNT_POINT}/env"
 GATEWAY_SOCKET = f"{RUN_MOUNT_POINT}/gateway.sock"  # where the model gateway's socket is bound inside
 # /dev/shm is a tmpfs, i.e. memory: this size, or a quarter of memory_mb when that is less (a full
 # /dev/shm cannot be reclaimed by killing processes, so it must leave room for the rest of the sandbox).
 DEFAULT_SHM_MB = 64
-RUN_TMPFS_BYTES = 64 << 10  # /.orchard/run: the token and nothing else
+RUN_TMPFS_BYTES = 64 << 10  # /.orchard/run: mount points of the token, the workload's env, the gateway
 HARNESS_TMPFS_BYTES = 64 << 10  # /.orchard/harness: the bundles' mount points and nothing else
 # Root's sandboxes: sandbox ids 0..REMAP_COUNT-1 are host ids REMAP_BASE.., and host root is REMAP_COUNT.
 REMAP_BASE = 100000
@@ -87,6 +91,7 @@ def id_map() -> str:
     return f"0 {REMAP_BASE} {REMAP_COUNT}\n{REMAP_COUNT} 0 1\n"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RESERVED_PATHS = ("/proc", "/dev", DEFAULT_MOUNT_POINT)
+KERNEL_TREES = ("/proc", "/sys", "/dev")  # never a rootfs image
 # Host top-level entries a sandbox gets fresh instead of bound (/run holds the host's service sockets,
 # which a read-only bind would still let a sandbox connect to).
 HOST_ENTRIES_REPLACED = {"proc", "dev", "tmp", "run"}
@@ -166,13 +171,29 @@ def validate_image(spec: SandboxSpec, images: ImageStore | None = None) -> Path 
     if not rootfs.is_absolute():
         raise InvalidRequest(f"image {spec.image!r} is not usable by the local backend: give 'host' or the "
                              "absolute path of a rootfs directory")
-    if rootfs.resolve() == Path("/"):
+    _refuse_kernel_tree(spec.image, Path(os.path.normpath("/" + spec.image.lstrip("/"))))  # before touching it
+    try:
+        resolved = rootfs.resolve()
+    except OSError as e:  # /proc/1/root and the like: a magic link we may not follow
+        raise InvalidRequest(f"image {spec.image!r} cannot be used as a rootfs ({e.strerror}); give a directory "
+                             "holding an unpacked image") from None
+    if resolved == Path("/"):
         raise InvalidRequest(f"image {spec.image!r} is the host's root, which cannot be a rootfs (the "
                              "sandbox's own files live under it); use image 'host' for the host's root")
+    _refuse_kernel_tree(spec.image, resolved)
     if not rootfs.is_dir():
         raise InvalidRequest(f"rootfs {spec.image} does not exist or is not a directory; build or unpack "
                              "the image there first (e.g. debootstrap, or `podman export` + tar -x)")
     return rootfs
+
+
+def _refuse_kernel_tree(image: str, path: Path) -> None:
+    """/proc, /sys and /dev are the kernel's views, not file trees: an overlay cannot be made of them (the
+    sandbox failed to start, a 503), and they hold nothing an image needs."""
+    for tree in KERNEL_TREES:
+        if path == Path(tree) or Path(tree) in path.parents:
+            raise InvalidRequest(f"image {image!r} is under {tree}, which the kernel provides and which cannot "
+                                 "be a rootfs; give a directory holding an unpacked image, or 'host'")
 
 
 def _imported_rootfs(image: str, images: ImageStore) -> Path:
@@ -186,11 +207,42 @@ def _imported_rootfs(image: str, images: ImageStore) -> Path:
 
 
 def with_image_env(spec: SandboxSpec, images: ImageStore) -> SandboxSpec:
-    """An imported image's ENV (its PATH, say) under the spec's own env, as container engines apply it."""
+    """An imported image's ENV (its PATH, say) under the spec's own env, as container engines apply it.
+    It is the workload's environment only (`workload_env`): the agent's own process never gets it, so
+    an image's LD_PRELOAD, PYTHONPATH or any other loader or interpreter variable reaches its commands
+    (where the image means it) and never the agent (`agent_env`)."""
     if spec.image == "host" or spec.image.startswith("/"):
         return spec
     image_env = dict(entry.split("=", 1) for entry in images.resolve(spec.image).config.env if "=" in entry)
     return spec.model_copy(update={"env": {**image_env, **spec.env}}) if image_env else spec
+
+
+def workload_env(spec: SandboxSpec, rootfs: Path | None) -> dict[str, str]:
+    """The environment the agent's commands and shells start from (`with_image_env` applied first). It
+    reaches the agent as data, a file at WORKLOAD_ENV_FILE, never as its own environment."""
+    for key, value in spec.env.items():
+        if not key or "=" in key or "\x00" in key or "\x00" in value:
+            raise InvalidRequest(f"env {key!r} is not valid: names must be non-empty without '=' or NUL, "
+                                 "values without NUL")
+    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": "/root" if rootfs else spec.workdir}
+    env.update(spec.env)
+    return env
+
+
+def agent_env() -> dict[str, str]:
+    """The agent's own environment, the same for every sandbox: nothing of the spec's or the image's, so
+    no variable can change what the bundled loader and interpreter load (the interpreter also starts
+    isolated, bundle.INTERPRETER_FLAGS). Where its token and its commands' environment are. LC_ALL=C:
+    the C library's built-in locale, so that the agent reads no locale or gconv file of the image's (its
+    interpreter's UTF-8 mode, -X utf8, does without them)."""
+    return {"PATH": SANDBOX_PATH, "LC_ALL": "C",
+            "ORCHARD_AGENT_TOKEN_FILE": f"{RUN_MOUNT_POINT}/{TOKEN_NAME}",
+            "ORCHARD_AGENT_ENV_FILE": WORKLOAD_ENV_FILE}
+
+
+def encode_workload_env(env: dict[str, str]) -> bytes:
+    """WORKLOAD_ENV_FILE's content, as the agent reads it (its __main__.py `_read_workload_env`)."""
+    return json.dumps(env).encode()
 
 
 def validate_disk(spec: SandboxSpec) -> None:
@@ -201,20 +253,6 @@ def validate_disk(spec: SandboxSpec) -> None:
 
 def validate_network(spec: SandboxSpec) -> None:
     local_netns.check_network(spec.network)  # allowlist (and open with the gateway): entries, and whether it can
-
-
-def sandbox_env(spec: SandboxSpec, rootfs: Path | None, agent_env: dict[str, str]) -> dict[str, str]:
-    """The agent's environment (its commands inherit it, minus what the agent scrubs)."""
-    for key, value in spec.env.items():
-        if not key or "=" in key or "\x00" in key or "\x00" in value:
-            raise InvalidRequest(f"env {key!r} is not valid: names must be non-empty without '=' or NUL, "
-                                 "values without NUL")
-    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": "/root" if rootfs else spec.workdir}
-    env.update(spec.env)
-    # Last, so that nothing in the spec can replace them (the spec's validation refuses them too).
-    env.update(agent_env)
-    env["ORCHARD_AGENT_TOKEN_FILE"] = f"{RUN_MOUNT_POINT}/{TOKEN_NAME}"
-    return env
 
 
 def shm_mb(spec: SandboxSpec) -> int:
@@ -306,10 +344,13 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
                hostname: str, env: dict[str, str], info_fd: int, token_fd: int,
                hidden: Sequence[Path] = (), userns_block_fd: int | None = None,
                gateway_socket: Path | None = None,
-               harness_bundles: Sequence[tuple[str, Path]] = (), hold_fd: int | None = None) -> list[str]:
+               harness_bundles: Sequence[tuple[str, Path]] = (), hold_fd: int | None = None,
+               env_fd: int | None = None) -> list[str]:
     """bwrap's options, passed through `--args FD` so that none of them (the environment!) shows on a
-    command line; the command itself must follow on the real command line. `token_fd` is read by bwrap
-    into /.orchard/run/token. With `userns_block_fd`, bwrap waits on it for the backend to write `id_map`
+    command line; the command itself must follow on the real command line. `env` is the agent's own
+    (`agent_env`). `token_fd` is read by bwrap into /.orchard/run/token, `env_fd` (the workload's
+    environment, `encode_workload_env`) into WORKLOAD_ENV_FILE; both 0400, the agent reads them before it
+    takes the sandbox's identity. With `userns_block_fd`, bwrap waits on it for the backend to write `id_map`
     into the new user namespace, and the agent keeps the capabilities it needs to switch to the sandbox
     user (and then drops them). `gateway_socket`: the model gateway's, bound at GATEWAY_SOCKET.
     `harness_bundles`: (name, host directory) pairs, mounted read-only at HARNESS_MOUNT_ROOT/<name>.
@@ -348,6 +389,8 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
     args += ["--ro-bind", str(bundle_dir), DEFAULT_MOUNT_POINT,
              "--size", str(RUN_TMPFS_BYTES), "--perms", "0755", "--tmpfs", RUN_MOUNT_POINT,
              "--perms", "0400", "--ro-bind-data", str(token_fd), f"{RUN_MOUNT_POINT}/{TOKEN_NAME}"]
+    if env_fd is not None:
+        args += ["--perms", "0400", "--ro-bind-data", str(env_fd), WORKLOAD_ENV_FILE]
     if gateway_socket is not None:
         args += ["--ro-bind", str(gateway_socket), GATEWAY_SOCKET]
     args += ["--remount-ro", RUN_MOUNT_POINT, "--remount-ro", "/dev"]

@@ -33,8 +33,9 @@ from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec, StartupTimings
 from orchard.sandbox.backends import cgroups, local_netns
 from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
-                                            bwrap_args, find_bwrap, id_map, remaps_ids, sandbox_env,
-                                            validate_disk, validate_image, validate_network, with_image_env)
+                                            agent_env, bwrap_args, encode_workload_env, find_bwrap, id_map,
+                                            remaps_ids, validate_disk, validate_image, validate_network,
+                                            with_image_env, workload_env)
 from orchard.sandbox.backends.local_config import AGENT_APART_ENV, LocalConfig, local_capabilities
 from orchard.sandbox.backends.local_gateway import agent_gateway_args, gateway_socket_for, model_gateway_socket
 from orchard.sandbox.backends.local_launch import (check_health, launch_argv, launch_command, limit_lines,
@@ -223,7 +224,8 @@ class LocalBackend:
         harness_bundles = [(built.manifest.spec.name, built.path)
                            for built in require_built(spec.bundles, self.bundle_cache_dir)]
         bwrap, bundle = await self._resources()
-        env = sandbox_env(spec, rootfs, bundle.launch_env())
+        env = agent_env()  # the agent's own: nothing of the spec's or the image's
+        commands_env = encode_workload_env(workload_env(spec, rootfs))
         paths = self._paths(sandbox_id)
         if len(str(paths.socket).encode()) > MAX_SOCKET_PATH:
             raise BackendError(f"the agent socket path {paths.socket} is longer than {MAX_SOCKET_PATH} "
@@ -231,6 +233,9 @@ class LocalBackend:
         self._ensure_run_base()
         self._make_private()
         remap = remaps_ids()
+        # Sandboxes of root map host root, who owns the bundles: their host directories are locked
+        # read-only in the sandbox (local_launch.LOCK_SCRIPT), so nothing there can ever write them.
+        read_only = _outermost([bundle.path.parent, *(path for _, path in harness_bundles)]) if remap else []
         zygote = await self._zygote_for(bundle) if zygote_wanted(remap, self.zygote) else None
         try:
             paths.sandbox_dir.mkdir(mode=0o700)
@@ -298,22 +303,23 @@ class LocalBackend:
             hold_fd = never_readable_fd() if zygote is not None and spare is None else None
             hold_number = spare.hold_number if spare is not None else hold_fd  # bwrap has it at this number
 
-            def make_bwrap_args(info_fd: int, token_fd: int, block_fd: int | None) -> list[str]:
+            def make_bwrap_args(info_fd: int, token_fd: int, block_fd: int | None, env_fd: int) -> list[str]:
                 return bwrap_args(spec, rootfs, paths, bundle.path, sandbox_id[:63], env, info_fd, token_fd,
                                   hidden=self._hidden_paths(), userns_block_fd=block_fd,
                                   gateway_socket=gateway_socket, harness_bundles=harness_bundles,
-                                  hold_fd=hold_number)
+                                  hold_fd=hold_number, env_fd=env_fd)
 
             if spare is not None:  # bwrap from the spare's shell, in the cgroups already
                 proc, info_r, userns_w = spare.launch(
-                    make_bwrap_args(spare.info_number, spare.token_fd, spare.block_number),
-                    launch_command(bwrap, spare.args_fd, agent_argv, spec, rootfs, paths, owner),
-                    limit_lines(spec, cg), paths.log_file, token)
+                    make_bwrap_args(spare.info_number, spare.token_fd, spare.block_number, spare.env_fd),
+                    launch_command(bwrap, spare.args_fd, agent_argv, spec, rootfs, paths, owner, read_only),
+                    limit_lines(spec, cg), paths.log_file, token, commands_env)
             else:
                 proc, info_r, userns_w = spawn(
-                    lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner),
+                    lambda args_fd: launch_argv(bwrap, args_fd, agent_argv, spec, rootfs, paths, cg, owner,
+                                                read_only),
                     make_bwrap_args, paths, token, hold_fd if hold_fd is not None else listener.fileno(),
-                    block_userns=remap, keep_fds=tuple(workload_fds))
+                    commands_env, block_userns=remap, keep_fds=tuple(workload_fds))
             if zygote is not None:  # copies of the agent's descriptors, for the zygote to hand it
                 if hold_fd is not None:
                     os.close(hold_fd)
@@ -558,6 +564,12 @@ class LocalBackend:
         if self._zygote is not None:
             zygote, self._zygote = self._zygote, None
             await asyncio.to_thread(zygote.close)
+
+
+def _outermost(paths: list[Path]) -> list[Path]:
+    """`paths` without those inside another of them (binding that one read-only covers them)."""
+    paths = sorted({p.resolve() for p in paths})
+    return [p for p in paths if not any(other in p.parents for other in paths)]
 
 
 def _handle_of(sandbox: BackendSandbox) -> LocalHandle | None:

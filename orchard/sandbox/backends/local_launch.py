@@ -16,7 +16,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
@@ -34,6 +34,13 @@ HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 DISK_SCRIPT = ('mount -t tmpfs -o "size=${1}m,nr_inodes=$2,mode=0755" orchard-disk "$3" && cd "$3" '
                '&& mkdir $4 && ${5:+mkdir -m 1777 $5} && ${6:+chown $6 . $4 $5} && cd / && shift 6 '
                '&& exec "$@"')
+# Runs in the private mount namespace too, first: each argument up to `--` is a host directory that the
+# sandbox gets read-only (the agent and harness bundles' cache), bound read-only onto itself. bwrap's user
+# namespace copies this namespace, and the kernel locks what it copies read-only ("locked" mount flags):
+# no capability inside the sandbox can make those mounts, or bwrap's binds of them, writable again, and
+# the bundle's files are owned by host root, whom the sandbox maps (as the uid its agent starts as).
+LOCK_SCRIPT = ('while [ "$1" != -- ]; do mount --bind -o ro "$1" "$1" || exit 1; shift; done; shift; '
+               'exec "$@"')
 # Files the disk tmpfs may hold per MiB: inodes are kernel memory that `size=` does not count.
 INODES_PER_MB = 256
 MIN_INODES = 4096
@@ -47,14 +54,16 @@ def writable_subdirs(rootfs: Path | None) -> tuple[list[str], list[str]]:
 
 
 def launch_argv(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSpec, rootfs: Path | None,
-                paths: SandboxPaths, cgroups: CgroupSet | None, owner: str = "") -> list[str]:
-    """`owner` (uid:gid on the host): who gets the writable layer's directories made on the disk tmpfs."""
+                paths: SandboxPaths, cgroups: CgroupSet | None, owner: str = "",
+                read_only: Sequence[Path] = ()) -> list[str]:
+    """`owner` (uid:gid on the host): who gets the writable layer's directories made on the disk tmpfs;
+    `read_only`: see `launch_command`."""
     lines = ["set -e"]
     if cgroups is not None:
         lines += [f"echo $$ > {shlex.quote(f)}" for f in cgroups.procs_files]
     lines += limit_lines(spec, cgroups)
     lines.append('exec "$@"')
-    command = launch_command(bwrap, args_fd, agent_argv, spec, rootfs, paths, owner)
+    command = launch_command(bwrap, args_fd, agent_argv, spec, rootfs, paths, owner, read_only)
     return ["/bin/sh", "-c", "\n".join(lines), "orchard-sandbox", *command]
 
 
@@ -72,18 +81,23 @@ def limit_lines(spec: SandboxSpec, cgroups: CgroupSet | None) -> list[str]:
 
 
 def launch_command(bwrap: str, args_fd: int, agent_argv: list[str], spec: SandboxSpec, rootfs: Path | None,
-                   paths: SandboxPaths, owner: str = "") -> list[str]:
-    """bwrap with its arguments in `args_fd`, behind `unshare` and the disk tmpfs's script with `disk_mb`."""
+                   paths: SandboxPaths, owner: str = "", read_only: Sequence[Path] = ()) -> list[str]:
+    """bwrap with its arguments in `args_fd`, behind `unshare` (a private mount namespace) with the disk
+    tmpfs's script (`disk_mb`) and LOCK_SCRIPT (`read_only`: host directories made read-only for good in
+    the sandbox; given by the backend as root, whose sandboxes map host root)."""
     command = [bwrap, "--args", str(args_fd), "--", *agent_argv]
     if spec.disk_mb:
+        command = ["/bin/sh", "-c", DISK_SCRIPT, "orchard-disk", str(spec.disk_mb),
+                   str(max(MIN_INODES, spec.disk_mb * INODES_PER_MB)), str(paths.writable_dir),
+                   *(" ".join(d) for d in writable_subdirs(rootfs)), owner, *command]
+    if read_only:
+        command = ["/bin/sh", "-c", LOCK_SCRIPT, "orchard-lock", *map(str, read_only), "--", *command]
+    if spec.disk_mb or read_only:
         unshare = shutil.which("unshare", path=HOST_ENV["PATH"])
         if unshare is None:
-            raise BackendError("disk_mb on the local backend needs `unshare` (util-linux); install it or "
-                               "leave disk_mb unset")
-        command = [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", DISK_SCRIPT,
-                   "orchard-disk", str(spec.disk_mb), str(max(MIN_INODES, spec.disk_mb * INODES_PER_MB)),
-                   str(paths.writable_dir), *(" ".join(d) for d in writable_subdirs(rootfs)), owner,
-                   *command]
+            raise BackendError("the local backend needs `unshare` (util-linux) for disk_mb and, as root, to "
+                               "keep the agent bundle read-only in sandboxes; install util-linux")
+        command = [unshare, "--mount", "--propagation", "private", *command]
     return command
 
 
@@ -98,15 +112,17 @@ def memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int, int, int | None], list[str]],
-          paths: SandboxPaths, token: str, listen_fd: int,
+def spawn(make_argv: Callable[[int], list[str]],
+          make_bwrap_args: Callable[[int, int, int | None, int], list[str]],
+          paths: SandboxPaths, token: str, listen_fd: int, workload_env: bytes = b"",
           block_userns: bool = False, keep_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int, int | None]:
     """Start the sandbox; returns the process (bwrap's monitor once the shell has exec'd), the read end of
     bwrap's info pipe and, with `block_userns`, the write end of the pipe bwrap waits on until the user
     namespace's id maps are written (`release_userns`). The makers get the fd numbers (bwrap's
-    arguments; info pipe, token, userns pipe) the child will see. Arguments and token are handed over in
-    anonymous memory files: nothing to create, reopen and unlink. `listen_fd` (the agent's listening
-    socket) and `keep_fds` are passed on at their own numbers."""
+    arguments; info pipe, token, userns pipe, workload env) the child will see. Arguments, token and the
+    workload's environment (`workload_env`, encoded) are handed over in anonymous memory files: nothing
+    to create, reopen and unlink, and no secret of the spec's env on disk. `listen_fd` (the agent's
+    listening socket) and `keep_fds` are passed on at their own numbers."""
     info_r, info_w = os.pipe()
     child_fds = [info_w]
     block_r = block_w = None
@@ -117,14 +133,16 @@ def spawn(make_argv: Callable[[int], list[str]], make_bwrap_args: Callable[[int,
     try:
         token_fd = memfd("orchard-token", token.encode())
         child_fds.append(token_fd)
-        args_fd = memfd("orchard-bwrap-args",
-                         b"".join(a.encode() + b"\x00" for a in make_bwrap_args(info_w, token_fd, block_r)))
+        env_fd = memfd("orchard-workload-env", workload_env)
+        child_fds.append(env_fd)
+        args_fd = memfd("orchard-bwrap-args", b"".join(
+            a.encode() + b"\x00" for a in make_bwrap_args(info_w, token_fd, block_r, env_fd)))
         child_fds.append(args_fd)
         log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         child_fds.append(log_fd)
         proc = subprocess.Popen(make_argv(args_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=log_fd, start_new_session=True, env=HOST_ENV,
-                                pass_fds=(args_fd, info_w, token_fd, listen_fd, *keep_fds,
+                                pass_fds=(args_fd, info_w, token_fd, env_fd, listen_fd, *keep_fds,
                                           *([block_r] if block_r is not None else [])))
     except BaseException as e:
         os.close(info_r)

@@ -5,8 +5,8 @@ another move happened on the host just before it (docs/local-backend.md#start-pa
 Xeon with cgroup v1, a quarter of a create. A spare takes every move off the create. Made while no create
 waits, it is a set of groups (no limits yet) holding
   - a `/bin/sh` that has moved itself in and waits on its stdin for the lines that exec bwrap, with the
-    descriptors bwrap gets (its info pipe, the user namespace's pipe, the token and argument memory files,
-    the pipe its init blocks on) passed to it already, and
+    descriptors bwrap gets (its info pipe, the user namespace's pipe, the token, workload env and argument
+    memory files, the pipe its init blocks on) passed to it already, and
   - a child of the agent zygote parked in them (the agent's zygote.py `_start`), waiting for the request
     that makes it start the agent.
 A create that takes one renames the groups to its sandbox's key (cgroup v1 renames a group with everything
@@ -69,6 +69,7 @@ class Spare:
     block_w: int  # what bwrap waits on until the user namespace's id maps are written
     token_fd: int  # memory files, written at launch (the shell shares their offsets)
     args_fd: int
+    env_fd: int  # the workload's environment (bwrap.WORKLOAD_ENV_FILE)
     info_number: int
     block_number: int
     hold_number: int  # the pipe bwrap's init blocks on (it holds a write end: never readable)
@@ -81,12 +82,12 @@ class Spare:
         return not gone
 
     def launch(self, bwrap_args: list[str], command: list[str], limit_lines: list[str], log_file: Path,
-               token: str) -> tuple[subprocess.Popen, int, int]:
+               token: str, workload_env: bytes = b"") -> tuple[subprocess.Popen, int, int]:
         """Have the shell exec `command` (bwrap, arguments in `bwrap_args`), its stderr to `log_file`;
         returns what `local_launch.spawn` does: (the process, bwrap's info pipe, the user namespace's
         pipe), which the caller owns from then on."""
-        for fd, data in ((self.token_fd, token.encode()), (self.args_fd,
-                         b"".join(a.encode() + b"\x00" for a in bwrap_args))):
+        for fd, data in ((self.token_fd, token.encode()), (self.env_fd, workload_env),
+                         (self.args_fd, b"".join(a.encode() + b"\x00" for a in bwrap_args))):
             os.write(fd, data)
             os.lseek(fd, 0, os.SEEK_SET)  # the shell shares this offset: bwrap must read from the start
         os.close(os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
@@ -103,7 +104,7 @@ class Spare:
 
     def close_fds(self, keep: tuple[int, ...] = ()) -> None:
         """Close what we hold of it but `keep` (the parked child's socket too, unless kept)."""
-        for name in ("script_w", "info_r", "block_w", "token_fd", "args_fd"):
+        for name in ("script_w", "info_r", "block_w", "token_fd", "args_fd", "env_fd"):
             fd = getattr(self, name)
             if fd >= 0 and fd not in keep:
                 os.close(fd)
@@ -142,13 +143,15 @@ def make_spare(key: str, zygote: Zygote) -> Spare | None:
         theirs += [info_w, block_r, script_r]
         token_fd, args_fd = os.memfd_create("orchard-token"), os.memfd_create("orchard-bwrap-args")
         ours += [token_fd, args_fd]
+        env_fd = os.memfd_create("orchard-workload-env")
+        ours.append(env_fd)
         hold = never_readable_fd()
         theirs.append(hold)
         moves = "\n".join(f"echo $$ > {shlex.quote(f)}" for f in groups.procs_files)
         proc = subprocess.Popen(["/bin/sh", "-c", SHELL.format(moves=moves), "orchard-sandbox"],
                                 stdin=script_r, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 start_new_session=True, env=HOST_ENV,
-                                pass_fds=(info_w, block_r, token_fd, args_fd, hold))
+                                pass_fds=(info_w, block_r, token_fd, args_fd, env_fd, hold))
         for fd in theirs:
             os.close(fd)
         theirs = []
@@ -157,8 +160,8 @@ def make_spare(key: str, zygote: Zygote) -> Spare | None:
             raise BackendError("a spare's shell did not join its cgroups")
         parked = zygote.park(groups.procs_files)
         return Spare(key=key, groups=groups, zygote=zygote, proc=proc, parked=parked, script_w=script_w,
-                     info_r=info_r, block_w=block_w, token_fd=token_fd, args_fd=args_fd, info_number=info_w,
-                     block_number=block_r, hold_number=hold)
+                     info_r=info_r, block_w=block_w, token_fd=token_fd, args_fd=args_fd, env_fd=env_fd,
+                     info_number=info_w, block_number=block_r, hold_number=hold)
     except BaseException:
         for fd in ours + theirs:
             os.close(fd)

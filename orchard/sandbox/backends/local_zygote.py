@@ -16,7 +16,7 @@ from pathlib import Path
 
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.bundle import AGENT_PACKAGE, DEFAULT_MOUNT_POINT, AgentBundle
+from orchard.sandbox.bundle import AGENT_PACKAGE, DEFAULT_MOUNT_POINT, AgentBundle, agent_launcher
 from orchard.sandbox.backends import bwrap as bwrap_module
 from orchard.sandbox.backends.bwrap import SandboxPaths
 from orchard.sandbox.backends.local_config import ZYGOTE_ENV
@@ -47,19 +47,21 @@ class Zygote:
 
     def __init__(self, bundle: AgentBundle) -> None:
         """Starts it and waits until it has imported the agent. Its own errors go to our stderr (an
-        agent's go to its sandbox's agent.log, failures to fork one to the create that asked)."""
+        agent's go to its sandbox's agent.log, failures to fork one to the create that asked). Refuses
+        (BackendError) a bundle whose files are not those it was built with: the zygote runs them as
+        root on the host, and sandboxes mount that same bundle."""
+        bundle.verify_content()
         self.bundle = bundle
         self._lock = threading.Lock()  # one request at a time, whichever event loop or thread asks
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._socket = ours
-        launcher = ("import sys; sys.path[:] = [p for p in sys.path if p]; "
-                    f"from {AGENT_PACKAGE}.zygote import serve; serve({theirs.fileno()})")
-        m, root = bundle.manifest, str(bundle.path)
-        argv = [f"{root}/{m.loader}", "--library-path", f"{root}/{m.library_dir}", f"{root}/{m.python}",
-                "-s", "-S", "-B", "-X", "utf8", "-c", launcher]
+        root = str(bundle.path)
+        argv = [*bundle.interpreter_argv(mount_point=root),
+                "-c", agent_launcher(AGENT_PACKAGE, root, "zygote", f"serve({theirs.fileno()})")]
         try:
-            self.process = subprocess.Popen(argv, env={**HOST_ENV, **bundle.launch_env(mount_point=root),
-                                                                ENV_AREA_NAME: " " * ENV_AREA_BYTES},
+            # LC_ALL=C as the agents have it (bwrap.agent_env): nothing outside the bundle is loaded.
+            self.process = subprocess.Popen(argv, env={**HOST_ENV, "LC_ALL": "C",
+                                                       ENV_AREA_NAME: " " * ENV_AREA_BYTES},
                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             pass_fds=(theirs.fileno(),), start_new_session=True)
         except OSError as e:
