@@ -41,20 +41,21 @@ def sandbox_runner(sandbox: Sandbox) -> swe_tests.CommandRunner:
 
 
 async def grade_swe_patch(orch: SandboxFactory, task: Task, patch: str, *, labels: dict[str, str] | None = None,
-                          label: str = "agent's patch") -> Outcome:
-    """Grade `patch` for a SWE task in a fresh sandbox, which is deleted afterwards."""
+                          label: str = "agent's patch", sandbox_ttl_s: float | None = None) -> Outcome:
+    """Grade `patch` for a SWE task in a fresh sandbox, which is deleted afterwards. `sandbox_ttl_s`: that
+    sandbox's TTL (default the spec's), which must outlast the grading."""
     grader = task.grader
     if not isinstance(grader, SWETestsGrader):
         raise InvalidRequest(f"task {task.id} has no SWE tests grader (its grader is "
                              f"{type(grader).__name__ if grader else 'none'})")
-    run = await _run_in_fresh_sandbox(orch, task, patch, label, labels)
+    run = await _run_in_fresh_sandbox(orch, task, patch, label, labels, sandbox_ttl_s)
     details = {"grader": "swe_tests", "tests": run.outcomes, "tests_exit_code": run.exit_code,
                "fail_to_pass": grader.fail_to_pass, "pass_to_pass": grader.pass_to_pass,
                "log_tail": run.log_tail}
     if run.infrastructure_error:
         if not patch.strip():
             raise GraderError(f"task {task.id}: {run.infrastructure_error}")
-        control = await _run_in_fresh_sandbox(orch, task, "", "control run (no patch)", labels)
+        control = await _run_in_fresh_sandbox(orch, task, "", "control run (no patch)", labels, sandbox_ttl_s)
         if control.infrastructure_error:
             raise GraderError(f"task {task.id}: the tests do not run in the grading environment, even without the "
                               f"{label}: {control.infrastructure_error}")
@@ -67,10 +68,10 @@ async def grade_swe_patch(orch: SandboxFactory, task: Task, patch: str, *, label
 
 
 async def _run_in_fresh_sandbox(orch: SandboxFactory, task: Task, patch: str, label: str,
-                                labels: dict[str, str] | None) -> swe_tests.RunOutcome:
+                                labels: dict[str, str] | None, ttl_s: float | None) -> swe_tests.RunOutcome:
     grader = task.grader
     assert isinstance(grader, SWETestsGrader)
-    sandbox = await create_task_sandbox(orch, task, labels=labels)
+    sandbox = await create_task_sandbox(orch, task, labels=labels, **({"timeout_s": ttl_s} if ttl_s else {}))
     try:
         run = await swe_tests.evaluate_patch(
             sandbox_runner(sandbox), task.environment.workdir, patch, test_patch=grader.test_patch,

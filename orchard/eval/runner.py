@@ -35,6 +35,7 @@ from orchard.core.sandbox import SandboxFactory
 from orchard.core.task import Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
+from orchard.eval.checkpoint import read_checkpoint, read_checkpoints, remove_checkpoint
 from orchard.eval.in_sandbox import (backend_for_run, ensure_run_bundle, gateway_host, harness_bundle,
                                      with_run_gateway)
 from orchard.eval.local_gateway import LocalGateway
@@ -166,11 +167,21 @@ class _Run:
 
     def _recover_interrupted(self) -> None:
         """Record every rollout that has checkpointed calls but no trajectory (the run was stopped while it
-        ran) as an interrupted partial rollout, so its steps are kept and its attempt number is used up."""
+        ran) as an interrupted partial rollout, so its steps and the phases it ran are kept and its attempt
+        number is used up. A rollout whose agent had finished is not: its trial is graded on resume
+        (orchard.eval.checkpoint). Checkpoints of nothing left to do are removed."""
         recorded = {trajectory.rollout_key for trajectory in self.trajectories}
-        for key, calls in read_calls(self.out).items():
+        checkpoints = read_checkpoints(self.out)
+        calls_by_key = read_calls(self.out)
+        for key, checkpoint in checkpoints.items():
             parsed = parse_rollout_key(key)
-            if key in recorded or parsed is None or parsed[0] != self.run_id:
+            if key in recorded or parsed is None or parsed[0] != self.run_id or (
+                    not checkpoint.to_grade and key not in calls_by_key):
+                remove_checkpoint(self.out, key)  # recorded, another run's, or nothing to keep: runs again
+        for key, calls in calls_by_key.items():
+            parsed = parse_rollout_key(key)
+            checkpoint = checkpoints.get(key)
+            if key in recorded or parsed is None or parsed[0] != self.run_id or (checkpoint and checkpoint.to_grade):
                 continue
             agent = Agent(name=self.settings.harness, version=self.settings.harness_version or "",
                           model_name=self.settings.model)
@@ -179,7 +190,9 @@ class _Run:
             trajectory.exit_status, trajectory.notes = "interrupted", INTERRUPTED
             trajectory.outcome = Outcome(error=INTERRUPTED)
             trajectory.final_metrics = FinalMetrics.from_llm_calls(calls, total_steps=len(trajectory.steps))
+            trajectory.phases = list(checkpoint.phases) if checkpoint else []
             self._append(Trajectory.model_validate(trajectory.model_dump()))
+            remove_checkpoint(self.out, key)
             log.warning("recorded the interrupted rollout %s from its %d checkpointed model call(s)", key,
                         len(calls))
 
@@ -249,7 +262,13 @@ class _Run:
     async def _trial(self, rig: TrialRig, task: Task, attempt: int) -> None:
         key = rollout_key(self.run_id, task.id, attempt)
         labels = {RUN_LABEL: self.run_id, TASK_LABEL: _label_value(task.id)}
-        trajectory = await Trial(rig, task, key, labels).run()
+        trial = Trial(rig, task, key, labels)
+        checkpoint = read_checkpoint(self.out, key)  # the agent finished in an earlier session: grade it
+        if checkpoint is not None and checkpoint.to_grade:
+            log.info("task %s: grading the patch its agent left before the run stopped (%s)", task.id, key)
+            trajectory = await trial.grade_checkpointed(checkpoint)
+        else:
+            trajectory = await trial.run()
         self._record(trajectory, attempt)
 
     def _append(self, trajectory: Trajectory) -> None:
@@ -259,6 +278,8 @@ class _Run:
     def _record(self, trajectory: Trajectory, attempt: int) -> None:
         # Synchronous from here on: a cancellation cannot cut a line or leave results.json behind the file.
         self._append(trajectory)
+        if trajectory.rollout_key:
+            remove_checkpoint(self.out, trajectory.rollout_key)
         write_results(self.out, self.results())
         if self.listener is not None:
             self.listener.task_finished(TaskResult.from_trajectory(trajectory, attempt))

@@ -47,6 +47,7 @@ from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord, is_agent
 from orchard.core.sandbox import Sandbox, SandboxFactory, StartupTimings
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, LLMCall, Outcome, Trajectory
+from orchard.eval.checkpoint import INTERRUPTED_PHASE, TrialCheckpoint, write_checkpoint
 from orchard.eval.grading import grade_script, grade_swe_patch
 from orchard.eval.in_sandbox import inside_model, sandbox_overrides
 from orchard.eval.native_logs import keep_native_logs
@@ -61,6 +62,10 @@ from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+# A trial's sandboxes live this long past the trial's deadline: their TTL never ends a trial early (a long
+# --trial-timeout, RL's), and closing them fits in it. The grading sandbox's covers the verify phase.
+SANDBOX_TTL_MARGIN_S = 600.0
 
 
 @dataclass
@@ -97,6 +102,9 @@ class Trial:
         self.agent_wall_s = 0.0
         self.cpu_s: float | None = None
         self.sandbox_startup: StartupTimings | None = None  # the task sandbox's start, stage by stage
+        self._open: set[str] = set()  # phases started and not yet ended
+        self._kept: TrialCheckpoint | None = None  # the agent's result, checkpointed before grading
+        self._earlier_calls: list[LLMCall] = []  # a checkpointed rollout's calls, made in an earlier session
 
     # --- the phases ----------------------------------------------------------------------------------
 
@@ -105,10 +113,50 @@ class Trial:
         async with self.rig.agent_slots:
             trajectory, patch = await self._up_to_patch()
         if patch is not None:
-            trajectory.outcome = await self._verify(patch)
-            if trajectory.outcome.error is not None:
-                trajectory.exit_status = "grader_error"
+            self._keep_agent_result(trajectory, patch)
+            await self._grade(trajectory, patch)
         return self._finish(trajectory)
+
+    async def grade_checkpointed(self, checkpoint: TrialCheckpoint) -> Trajectory:
+        """The trial of an earlier session whose agent had finished (`checkpoint.to_grade`), graded now: its
+        patch in a fresh sandbox, the agent not run again. Never raises but CancelledError."""
+        assert checkpoint.trajectory is not None and checkpoint.patch is not None
+        self.phases = [phase for phase in checkpoint.phases if phase.name != "verify"]
+        self.started = time.monotonic() - checkpoint.elapsed_s
+        self.deadline = self.started + self.rig.timeouts.trial_s
+        self.cpu_s, self.sandbox_startup = checkpoint.sandbox_cpu_s, checkpoint.sandbox_startup
+        self._earlier_calls = list(checkpoint.llm_calls)
+        self._kept = checkpoint
+        trajectory = checkpoint.trajectory.model_copy(deep=True)
+        await self._grade(trajectory, checkpoint.patch)
+        return self._finish(trajectory)
+
+    async def _grade(self, trajectory: Trajectory, patch: str) -> None:
+        trajectory.outcome = await self._verify(patch)
+        if trajectory.outcome.error is not None:
+            trajectory.exit_status = "grader_error"
+
+    def _keep_agent_result(self, trajectory: Trajectory, patch: str) -> None:
+        """Checkpoint what the agent produced before grading it: a kill from here on costs a grading, not
+        the agent's run (its model calls, and its sample)."""
+        if self.rig.out_dir is None:
+            return
+        self._kept = TrialCheckpoint(
+            rollout_key=self.key, trajectory=trajectory, patch=patch,
+            llm_calls=self.rig.gateway.gateway.calls(self.key), elapsed_s=time.monotonic() - self.started,
+            sandbox_cpu_s=self.cpu_s, sandbox_startup=self.sandbox_startup)
+        self._save_phases()
+
+    def _save_phases(self) -> None:
+        """The phases so far on disk (the running one marked interrupted until it ends): what an interrupted
+        rollout is recorded with after a kill."""
+        if self.rig.out_dir is None:
+            return
+        phases = [phase if phase.name not in self._open else PhaseRecord(
+            name=phase.name, result="error", started_at=phase.started_at, timeout_s=phase.timeout_s,
+            error=INTERRUPTED_PHASE) for phase in self.phases]
+        kept = self._kept or TrialCheckpoint(rollout_key=self.key)
+        write_checkpoint(self.rig.out_dir, kept.model_copy(update={"phases": phases}))
 
     async def _up_to_patch(self) -> tuple[Trajectory, str | None]:
         """Every phase in the agent's sandbox; the trial's clock starts here (a slot was free)."""
@@ -141,6 +189,7 @@ class Trial:
         if problem:
             raise InvalidRequest(str(problem))
         overrides = sandbox_overrides(self.task, self.rig.bundle) if self.rig.bundle else {}
+        overrides["timeout_s"] = self._sandbox_ttl(self.deadline - time.monotonic())
         sandbox = await create_task_sandbox(self.rig.orch, self.task, labels=self.labels, **overrides)
         # What the SDK's sandboxes carry (AgentSandbox.startup); another SandboxFactory's may not.
         self.sandbox_startup = getattr(sandbox, "startup", None)
@@ -246,7 +295,8 @@ class Trial:
             try:
                 outcome = await self._phase(
                     "verify", self.rig.timeouts.verify_s,
-                    lambda: grade_swe_patch(self.rig.orch, self.task, patch, labels=self.labels),
+                    lambda: grade_swe_patch(self.rig.orch, self.task, patch, labels=self.labels,
+                                            sandbox_ttl_s=self._sandbox_ttl(self.rig.timeouts.verify_s)),
                     on_error=_grader_status)
             except PhaseFailed as failure:
                 return Outcome(error=f"grading: {failure}", details={"patch": patch})
@@ -290,12 +340,19 @@ class Trial:
                              timeout_s=round(budget, 3))
         record.duration_s = time.monotonic()  # the start, until closed
         self.phases.append(record)
+        self._open.add(name)
+        self._save_phases()
         return record
 
-    @staticmethod
-    def _close_phase(record: PhaseRecord, result: str, error: str | None) -> None:
+    def _close_phase(self, record: PhaseRecord, result: str, error: str | None) -> None:
         record.duration_s = max(0.0, time.monotonic() - record.duration_s)
         record.result, record.error = result, error  # type: ignore[assignment]
+        self._open.discard(record.name)
+        self._save_phases()
+
+    def _sandbox_ttl(self, needed_s: float) -> float:
+        """The TTL of a sandbox needed for `needed_s` more (at most what is left of the trial), with a margin."""
+        return max(0.0, min(needed_s, self.deadline - time.monotonic())) + SANDBOX_TTL_MARGIN_S
 
     def _agent_budget(self) -> float:
         """The agent's limit, leaving the trial time to take and grade the patch when it can."""
@@ -341,7 +398,7 @@ class Trial:
     def _finish(self, trajectory: Trajectory) -> Trajectory:
         """The trajectory as recorded: the gateway's calls attached (steps pointing at them), the
         accounting from those calls, the task, key and phases set."""
-        calls = self.rig.gateway.end_rollout(self.key)
+        calls = self.rig.gateway.end_rollout(self.key) or self._earlier_calls
         data = trajectory.model_dump()
         data["steps"] = link_steps_to_calls(data["steps"], calls)
         data.update(task_id=self.task.id, rollout_key=self.key, llm_calls=[call.model_dump() for call in calls],
