@@ -31,12 +31,22 @@ MAX_ENV_ENTRY_BYTES = 128 * 1024 - 1  # "NAME=VALUE" plus its NUL must fit the k
 MAX_LABELS = 64
 MAX_LABEL_KEY_CHARS = 128
 MAX_LABEL_VALUE_CHARS = 1024
+# The shortest TTL or heartbeat timeout: anything less is deleted before it could be used (and 1e-320 is
+# zero to every clock), so it is a mistake, refused rather than taken as "delete at once".
+MIN_TIMEOUT_S = 1.0
 
 # Environment variables the sandbox's agent (or the bundled interpreter and dynamic loader that start it)
 # reads: a spec setting them would replace the agent's token file or the code it runs. Orchard sets the
 # ones it needs itself; a spec may not.
 RESERVED_ENV_PREFIXES = ("ORCHARD_AGENT_",)
 RESERVED_ENV_NAMES = frozenset({"PYTHONHOME", "PYTHONPATH", "LD_PRELOAD", "LD_AUDIT"})
+
+
+def normal_workdir(path: str) -> str:
+    """`path` with repeated slashes and `.` components dropped: `//.orchard/` is `/.orchard`. pathlib keeps
+    a leading `//` as a root of its own, so without this `//dev/shm` passed every check made for
+    `/dev/shm`. `..` is kept, for the backend to refuse."""
+    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
 
 
 def reserved_env_reason(name: str) -> str | None:
@@ -90,9 +100,11 @@ class SandboxSpec(BaseModel):
     memory_mb: int | None = Field(default=None, gt=0, description="memory limit in MiB")
     disk_mb: int | None = Field(default=None, gt=0, description="size of the writable workdir in MiB")
     max_processes: int | None = Field(default=512, gt=0, description="process/thread count limit")
-    timeout_s: float = Field(default=3600, gt=0, description="TTL: deleted this long after creation")
+    timeout_s: float = Field(default=3600, gt=0, description=f"TTL: deleted this long after creation (at least "
+                                                             f"{MIN_TIMEOUT_S:g} s)")
     heartbeat_timeout_s: float | None = Field(
-        default=None, gt=0, description="also deleted when no heartbeat came for this long (None = off)")
+        default=None, gt=0, description=f"also deleted when no heartbeat came for this long (None = off; at "
+                                        f"least {MIN_TIMEOUT_S:g} s)")
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV_VARS)
     workdir: str = Field(default="/workspace", max_length=MAX_WORKDIR_CHARS)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
@@ -120,6 +132,14 @@ class SandboxSpec(BaseModel):
         if long:
             raise ValueError(f"workdir has a path component of {len(long[0].encode())} bytes; the limit is "
                              f"{MAX_PATH_COMPONENT_BYTES}")
+        return normal_workdir(v)
+
+    @field_validator("timeout_s", "heartbeat_timeout_s")
+    @classmethod
+    def _long_enough(cls, v: float | None) -> float | None:
+        if v is not None and v < MIN_TIMEOUT_S:
+            raise ValueError(f"{v:g} s is under the minimum of {MIN_TIMEOUT_S:g} s: the sandbox would be deleted "
+                             f"before it could be used; ask for at least {MIN_TIMEOUT_S:g}")
         return v
 
     @field_validator("env")

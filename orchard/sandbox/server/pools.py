@@ -42,11 +42,23 @@ MAX_BACKOFF_S = 30.0           # after failed member starts, the next waits up t
 CAP_RETRY_S = 0.5              # after a member start found no place under the caps (it waited wait_s already)
 
 
+POOL_OWNER_PREFIX = "pool:"  # reserved: no caller may name itself so (store_admission.POOL_OWNER_SQL)
+
+
 def member_owner(pool_name: str) -> str:
     """The owner of a pool's unclaimed members. A claim re-owns the member to its caller first (counted
     against the caller's cap), then asks its agent for the fresh token: an `idle` member owned by anyone
     else is a claim in flight, whose agent may hold a token no record has."""
-    return f"pool:{pool_name}"
+    return f"{POOL_OWNER_PREFIX}{pool_name}"
+
+
+def check_caller_owner(owner: str) -> None:
+    """Refuse an owner a caller may not create as: one named like a pool's members would have its sandboxes
+    counted as pool members (against the server cap's room for pools), be taken for a claim in flight, and
+    make a pool's owner cap count a stranger's sandboxes."""
+    if owner.startswith(POOL_OWNER_PREFIX):
+        raise InvalidRequest(f"owner {owner[:80]!r} starts with {POOL_OWNER_PREFIX!r}, which is reserved for "
+                             "the orchestrator's warm pools; pick another owner name")
 
 
 class _Pool:

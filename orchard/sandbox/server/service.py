@@ -30,7 +30,7 @@ from orchard.sandbox.server import instances, upkeep
 from orchard.sandbox.server.admission import Admission, CapsStats, CreateCaps
 from orchard.sandbox.server.home import resolve_home, resolved_backend_config, state_db_path
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
-from orchard.sandbox.server.pools import PoolManager
+from orchard.sandbox.server.pools import PoolManager, check_caller_owner
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
 
@@ -168,6 +168,8 @@ class SandboxService:
         for it while it is being created). A spec whose template matches a warm pool (or `pool`, a pool's
         name) is claimed from it when it has a member started; else created cold, `info.pool` saying why."""
         started = time.monotonic()
+        if _pool_member is None:
+            check_caller_owner(owner)
         spec = _validated_spec(spec)
         self.backend.capabilities.check(spec, self.backend.name)
         self.limits.check(spec)
