@@ -44,6 +44,13 @@ class PayloadTooLarge(OrchardError):
     status = 413
 
 
+class DiskFull(OrchardError):
+    """A write into a sandbox found its disk full (its `disk_mb`); nothing of that write was kept."""
+
+    code = "disk_full"
+    status = 507
+
+
 class ExecTimeout(OrchardError):
     """A command ran past its timeout; its whole process group was killed."""
 
@@ -123,7 +130,7 @@ class IdempotencyConflict(OrchardError):
 ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
     cls.code: cls
     for cls in (OrchardError, InvalidRequest, AuthError, NotFound, SandboxNotFound, PayloadTooLarge,
-                ExecTimeout, SandboxLost, BackendError, PluginError, ModelError, ModelUnreachable,
+                DiskFull, ExecTimeout, SandboxLost, BackendError, PluginError, ModelError, ModelUnreachable,
                 ModelRateLimited, BudgetExceeded, CapacityExceeded, IdempotencyConflict)
 }
 

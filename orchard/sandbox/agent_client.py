@@ -21,7 +21,7 @@ from urllib.parse import quote
 import httpx
 
 from orchard.core.errors import (
-    AuthError, ExecTimeout, InvalidRequest, NotFound, OrchardError, PayloadTooLarge, SandboxLost,
+    AuthError, DiskFull, ExecTimeout, InvalidRequest, NotFound, OrchardError, PayloadTooLarge, SandboxLost,
     error_from_code, exception_text,
 )
 from orchard.core.sandbox import (
@@ -44,7 +44,7 @@ _TIMEOUT_MARGIN_S = 30.0  # on top of a command's own timeout: the agent kills a
 # costs it nothing). Callers raise them per call with `max_bytes`.
 _ERROR_BODY_MAX = 1 << 20  # an agent's error bodies are a few hundred bytes
 _ERROR_BY_STATUS: dict[int, type[OrchardError]] = {
-    400: InvalidRequest, 401: AuthError, 404: NotFound, 408: ExecTimeout, 413: PayloadTooLarge}
+    400: InvalidRequest, 401: AuthError, 404: NotFound, 408: ExecTimeout, 413: PayloadTooLarge, 507: DiskFull}
 
 
 def _timeout(read_s: float | None) -> httpx.Timeout:

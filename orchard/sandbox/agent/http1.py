@@ -25,6 +25,7 @@ REASONS = {
     100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
     405: "Method Not Allowed", 408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long",
     431: "Request Header Fields Too Large", 500: "Internal Server Error", 505: "HTTP Version Not Supported",
+    507: "Insufficient Storage",
 }
 
 

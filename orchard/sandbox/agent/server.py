@@ -4,6 +4,7 @@ Request heads are read by http1.py; bodies and responses are wire.py's."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -16,6 +17,8 @@ import time
 from . import VERSION, claim, execs, files, http1, pidns, sessions, stats, tars
 from . import workload_cgroup
 from .wire import ApiError, Request, log_error, unquote
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # the writable layer (disk_mb) or a quota is used up
 
 try:
     # The constant-time comparison hmac.compare_digest falls back to; importing hmac itself would load
@@ -181,11 +184,21 @@ class AgentHandler(socketserver.StreamRequestHandler):
         except ConnectionError:
             self.close_connection = True  # the client went away; nothing to answer
             return
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                error = self._failed(path, exc)
+            else:  # the handlers remove what they half-wrote, so nothing of the request is left
+                error = ApiError(507, "disk_full", "the sandbox's disk is full (%s): nothing of this %s %s was "
+                                 "kept; delete files in the sandbox, or create it with a larger disk_mb"
+                                 % (os.strerror(exc.errno), self.command, path))
         except Exception as exc:
-            log_error("%s %s failed" % (self.command, path))
-            error = ApiError(500, "error", "the agent failed on %s %s: %s: %s"
-                             % (self.command, path, type(exc).__name__, exc))
+            error = self._failed(path, exc)
         self._answer_error(req, error)
+
+    def _failed(self, path: str, exc: Exception) -> ApiError:
+        log_error("%s %s failed" % (self.command, path))
+        return ApiError(500, "error", "the agent failed on %s %s: %s: %s"
+                        % (self.command, path, type(exc).__name__, exc))
 
     def _body_finished(self, req: Request) -> bool:
         try:
