@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchard.core.errors import BackendError
-from orchard.sandbox.bundle import bundle_key, ensure_agent_bundle
+from orchard.sandbox.bundle import CONTENT_HASH_SUFFIX, bundle_key, ensure_agent_bundle
 
 
 @pytest.fixture(scope="module")
@@ -63,4 +63,7 @@ def test_concurrent_builders_publish_one_complete_bundle(tmp_path):
     paths = {b.communicate(timeout=120)[0].strip() for b in builders}
     assert all(b.returncode == 0 for b in builders)
     assert len(paths) == 1
-    assert [p.name for p in cache.iterdir()] == [Path(paths.pop()).name]  # no half-built leftovers
+    name = Path(paths.pop()).name
+    # no half-built leftovers; the bundle's content hash beside it, matching the published bundle
+    assert sorted(p.name for p in cache.iterdir()) == [name, name + CONTENT_HASH_SUFFIX]
+    ensure_agent_bundle(cache).verify_content()

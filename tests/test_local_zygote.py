@@ -20,6 +20,7 @@ from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends import local as local_module
 from orchard.sandbox.backends import local_zygote
+from orchard.sandbox.backends.bwrap import agent_env
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_state import process_running
 from orchard.sandbox.backends.local_config import ZYGOTE_ENV
@@ -156,8 +157,9 @@ def environ_of(pid: int) -> dict[str, str]:
 
 async def test_from_the_host_its_processes_show_the_sandboxs_environment_and_commands_rank_first_for_oom(
         backends):
-    """/proc/PID/environ of the agent, its spawner and the workload's init is the sandbox's environment
-    with either kind (the zygote points its forks' environment area at it), and the zygote's own holds
+    """/proc/PID/environ of the agent, its spawner and the workload's init is the agent's own environment
+    (never the spec's, which its commands get) with either kind (the zygote points its forks' environment
+    area at it), and the zygote's own holds
     nothing of the orchestrator's. Commands start at oom_score_adj 500 above their spawner's 0 with either
     kind (a zygote agent's spawner opens its own with the uid owning its /proc files)."""
     seen = {}
@@ -175,10 +177,13 @@ async def test_from_the_host_its_processes_show_the_sandboxs_environment_and_com
             assert Path(f"/proc/{spawner[0]}/oom_score_adj").read_text().strip() == "0", kind  # (its own)
             assert b"(zygote)" not in Path(f"/proc/{agent_pid}/cmdline").read_bytes()  # ps tells them apart
             seen[kind] = [environ_of(pid) for pid in (agent_pid, spawner[0], init[0])]
-            assert seen[kind][0]["SEED"] == "7" and seen[kind][0] == seen[kind][1] == seen[kind][2], kind
+            # The agent's own environment (the spec's is its commands' only: docs/security.md, issue 21)
+            own = {k: v for k, v in seen[kind][0].items() if k != "PWD"}  # (bwrap and the zygote set PWD)
+            assert own == agent_env() and seen[kind][0] == seen[kind][1] == seen[kind][2], kind
+            assert (await agent.exec("echo $SEED")).stdout == "7\n"
     assert seen["zygote"] == seen["classic"]
     zygote_env = environ_of(backends["zygote"]._zygote.process.pid)
-    assert set(zygote_env) == {"PATH", "PYTHONHOME", "PYTHONPATH", ENV_AREA_NAME}, zygote_env
+    assert set(zygote_env) == {"PATH", "LC_ALL", ENV_AREA_NAME}, zygote_env
 
 
 def test_the_zygote_is_roots_default_and_can_be_turned_off(monkeypatch):
