@@ -1,6 +1,7 @@
 """`BodySizeLimit`: an ASGI middleware that answers 413 to request bodies over a limit, whether they declare
-their size (`Content-Length`) or are chunked. The orchestrator only takes small JSON bodies, so a chunked
-body is read up to the limit here and then handed on whole."""
+their size (`Content-Length`) or are chunked, and 400 to a request that declares both. The orchestrator only
+takes small JSON bodies, so a chunked body is read up to the limit here and then handed on whole (a single
+chunk over the limit is refused before its bytes come by orchard/util/chunk_limit.py, under `orchard serve`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
+        if declared is not None and _has_header(scope, b"transfer-encoding"):
+            # Which one frames the body? h11 goes by Transfer-Encoding, a proxy in front may go by the length:
+            # a request smuggled inside another's body. RFC 9112 6.3 lets a server refuse it; we do.
+            await _reply(send, 400, "invalid_request", "the request has both Content-Length and Transfer-Encoding; "
+                                                       "send one of them")
+            return
         if declared == "invalid":
             await _reply(send, 400, "invalid_request", "the Content-Length header is not a number")
             return
@@ -61,6 +68,10 @@ def _content_length(scope: Scope) -> int | str | None:
         if name == b"content-length":
             return int(value) if value.isdigit() else "invalid"
     return None
+
+
+def _has_header(scope: Scope, name: bytes) -> bool:
+    return any(key == name for key, _ in scope.get("headers", ()))
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

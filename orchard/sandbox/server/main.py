@@ -16,6 +16,7 @@ from orchard.sandbox.server.home import resolve_home, resolved_backend_config, s
 from orchard.sandbox.server.service import SandboxService
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
+from orchard.util.chunk_limit import chunk_limited_h11
 from orchard.util.logs import log_to_stderr
 
 
@@ -39,4 +40,6 @@ def serve(host: str = "127.0.0.1", port: int = 8700, backend: BackendConfig | st
     service = SandboxService(create_backend(config), SandboxStore(state_db_path(home)), reap_interval_s=reap_interval_s,
                              limits=limits, caps=caps, pools=pools)
     app = create_app(service, api_key)
-    uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10)
+    # h11 (never httptools, whatever is installed), refusing a chunk over the body limit as soon as it is declared
+    uvicorn.run(app, host=host, port=port, access_log=False, log_level=log_level, timeout_graceful_shutdown=10,
+                http=chunk_limited_h11())
