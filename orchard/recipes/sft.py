@@ -21,6 +21,7 @@ from trl import SFTTrainer
 from orchard.core.errors import InvalidRequest
 from orchard.recipes.examples import IGNORE_INDEX, BuildReport, TrainingExample, build_examples
 from orchard.recipes.inputs import read_training_trajectories
+from orchard.recipes.lr_schedule import scheduler
 from orchard.recipes.sft_config import SFTSettings
 from orchard.recipes.sft_metrics import MetricsCallback, write_loss_plot, write_metrics
 
@@ -61,6 +62,17 @@ class WeightedSFTTrainer(SFTTrainer):
     instead (`fused_on_cpu` = False); both give the same loss."""
 
     fused_on_cpu = False
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """transformers' schedule shapes with a warm-up that never runs a step at learning rate 0
+        (lr_schedule.py)."""
+        if self.lr_scheduler is None:
+            shape = self.args.lr_scheduler_type  # transformers' SchedulerType enum, or its name
+            self.lr_scheduler = scheduler(optimizer or self.optimizer, shape=getattr(shape, "value", shape),
+                                          warmup=self.args.get_warmup_steps(num_training_steps),
+                                          total=num_training_steps)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         weights = inputs.pop("token_weights")[:, 1:]

@@ -120,6 +120,46 @@ def test_training_steps_lower_the_loss_on_a_repeated_batch(tokenizer, tmp_path):
     assert after < before
 
 
+@pytest.mark.parametrize("shape", ["cosine", "linear", "constant_with_warmup", "constant"])
+def test_every_step_of_a_schedule_has_a_learning_rate(shape):
+    """transformers' warm-up runs its step 0 at factor 0; ours never runs a step at 0, nor decays to 0 inside
+    the run."""
+    from orchard.recipes.lr_schedule import factor
+
+    for total in range(1, 12):
+        for warmup in range(0, total + 1):
+            factors = [factor(step, shape=shape, warmup=warmup, total=total) for step in range(total)]
+            assert all(value > 0 for value in factors), (total, warmup, factors)
+            assert max(factors) <= 1.0
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'step'"):
+        factor(0, shape="step", warmup=0, total=1)
+
+
+def test_every_optimizer_step_of_a_short_run_changes_the_weights(model_dir, chats, tmp_path):
+    """The demo's SFT: 2 steps with the default warm-up (0.03 of 2 rounds up to one step) used to make
+    its first step at learning rate 0."""
+    from transformers import TrainerCallback
+
+    changes: list[float] = []
+
+    class WeightChange(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            self.before = [p.detach().clone() for p in model.parameters()]
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            changes.append(max((p.detach() - b).abs().max().item() for p, b in zip(model.parameters(), self.before)))
+
+    for shape in ("cosine", "linear"):
+        changes.clear()
+        settings = SFTSettings(inputs=[chats], model=model_dir, out=tmp_path / shape, max_steps=2,
+                               gradient_accumulation_steps=1, lr_scheduler_type=shape, learning_rate=1e-3)
+        assert settings.warmup_steps > 0  # the default warm-up is on
+        run_sft(settings, callbacks=[WeightChange()], disable_tqdm=True)
+        assert len(changes) == 2 and all(change > 1e-4 for change in changes), (shape, changes)
+        rates = [row["learning_rate"] for row in json.loads((tmp_path / shape / "metrics.json").read_text())["steps"]]
+        assert all(rate > 0 for rate in rates), rates
+
+
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(model_dir, chats, tmp_path):
     base = SFTSettings(inputs=[chats], model=model_dir, lr_scheduler_type="constant", warmup_steps=0,
                        gradient_accumulation_steps=1, learning_rate=1e-3, save_steps=2)
