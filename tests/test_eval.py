@@ -386,7 +386,8 @@ async def test_the_report_shows_the_matrix_runs_and_each_trajectory(home, tmp_pa
     html = report.read_text()
     assert "Suite swe-mini: harness × model" in html
     matrix = html[html.index('class="matrix"'):html.index("</table>")]
-    assert "<th>react</th>" in matrix and "<th>scripted</th>" in matrix and "<th>openai/down</th>" in matrix
+    assert re.search(r"<th>react [\w.+-]+</th>", matrix), "a row per harness configuration: name and version"
+    assert "<th>scripted</th>" in matrix and "<th>openai/down</th>" in matrix
     assert "0 / 1 resolved" in matrix and "n/a" in matrix and "1 error(s)" in matrix
     assert PAGEKIT in html and "tool call" in html and "cannot reach model" in html
     assert "&lt;b&gt;not bold&lt;/b&gt;" in html and "<b>not bold</b>" not in html  # escaped
@@ -396,6 +397,32 @@ async def test_the_report_shows_the_matrix_runs_and_each_trajectory(home, tmp_pa
         load_runs([tmp_path])
     write_report(load_runs([failing]), tmp_path / "single.html")
     assert (tmp_path / "single.html").read_text().count("<details>") >= 2
+
+
+async def test_the_report_keeps_two_suites_that_share_a_name_apart(home, tmp_path, scripted):
+    """Two real runs on suites both named `same-name` whose task differs (its grader): two cells, each named
+    with its suite's content hash, not one cell of 2 tasks."""
+    directories = []
+    for code in (0, 1):
+        task = Task(id="graded", instruction="Submit.", environment=TaskEnvironment(image="host"),
+                    grader=ScriptGrader(script=f"exit {code}"))
+        scripted.load([tool_calls(("submit", {}))])
+        directories.append(tmp_path / f"exit-{code}")
+        await evaluate(home, directories[-1], model=SCRIPTED, config=scripted_config(scripted), tasks=None,
+                       suite=TaskSuite(name="same-name", tasks=[task]))
+    hashes = [read_results(directory).settings.suite_hash for directory in directories]
+    assert hashes[0] != hashes[1]
+    report = tmp_path / "report.html"
+    result = cli.invoke(app, ["report", *map(str, directories), "--out", str(report)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    html = report.read_text()
+    for suite_hash, resolved in zip(hashes, ("1 / 1 resolved", "0 / 1 resolved")):
+        title = f"Suite same-name (sha256 {suite_hash[:12]}): harness × model"
+        assert title in html
+        matrix = html[html.index(title):]
+        assert resolved in matrix[:matrix.index("</table>")]
+    for part in result.output.split("harness × model"):  # the runs table, then the matrix: two of each
+        assert sum(1 for line in part.splitlines() if "same-name (sha256" in line and "react" in line) == 2
 
 
 def _changed_lines(patch: str) -> list[str]:
