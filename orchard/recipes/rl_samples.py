@@ -9,7 +9,10 @@ history), the sample stops at the last consistent call and `drift` says where.
 
 A rollout whose exit status is not an agent outcome (orchard.core.run_status) is an infrastructure error:
 its sample is a placeholder with `reward` None, nothing trained, so GRPO leaves it out of its group's mean
-and standard deviation (TRL: a None reward is NaN, excluded from the baseline, advantage 0)."""
+and standard deviation (TRL: a None reward is NaN, excluded from the baseline, advantage 0). One exception:
+a rollout the trial's deadline cut off while the policy kept answering (`timeout`, its model calls all
+answered) is the policy's own doing, as its step, token and time limits are: a reward of 0, trained, so
+that a policy that loops is penalized rather than excused. The evaluator still counts it as no attempt."""
 
 from __future__ import annotations
 
@@ -50,13 +53,25 @@ def placeholder(pad_id: int, *, task_id: str | None = None, rollout_key: str | N
                          notes=[note] if note else [])
 
 
+def ran_out_of_time(trajectory: Trajectory) -> bool:
+    """The trial's deadline cut the agent off while its model calls were answering: the policy kept going.
+    A call that failed (the model server) or no call at all (the sandbox, the harness) is infrastructure."""
+    calls = trajectory.llm_calls
+    return trajectory.exit_status == "timeout" and bool(calls) and all(call.error is None for call in calls)
+
+
 def is_infrastructure_error(trajectory: Trajectory) -> bool:
+    if ran_out_of_time(trajectory):
+        return False
     return not is_agent_outcome(trajectory.exit_status) or trajectory.outcome is None \
         or trajectory.outcome.error is not None
 
 
 def reward_of(trajectory: Trajectory) -> float | None:
-    """The grader's reward (resolved = 1); None for an infrastructure error."""
+    """The grader's reward (resolved = 1); 0 for a policy the deadline stopped; None for an infrastructure
+    error."""
+    if ran_out_of_time(trajectory):
+        return 0.0
     if is_infrastructure_error(trajectory):
         return None
     outcome = trajectory.outcome

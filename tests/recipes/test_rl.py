@@ -71,6 +71,27 @@ def test_a_placeholder_trains_nothing_and_has_no_reward():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("status, calls, reward", [
+    ("timeout", [None, None], 0.0),               # the policy kept answering until the deadline: its doing
+    ("timeout", [None, "model_error: 502"], None),  # the model server failed: infrastructure, masked
+    ("timeout", [], None),                        # never reached the model (sandbox, harness): masked
+    ("step_limit", [None], 0.0),                  # the harness's own limit: a graded 0 as before
+    ("model_error", [None], None),
+])
+def test_a_policy_the_deadline_stopped_is_a_zero_not_masked(status, calls, reward):
+    from orchard.core.trajectory import Agent, Outcome, Trajectory
+    from orchard.recipes.rl_samples import rollout_sample
+
+    recorded = [LLMCall(id=f"c{i}", prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[-0.1], error=error)
+                for i, error in enumerate(calls)]
+    outcome = Outcome(resolved=False) if status == "step_limit" else Outcome(error=f"{status}: cut off")
+    trajectory = Trajectory(agent=Agent(name="react", version="1"), task_id="t", rollout_key="r",
+                            exit_status=status, outcome=outcome, llm_calls=recorded)
+    sample = rollout_sample(trajectory, pad_id=0)
+    assert sample.reward == reward
+    assert (sample.trained_tokens > 0) == (reward is not None)
+
+
 def test_token_in_token_out_has_zero_drift_over_a_long_multi_turn_rollout(torch_one_thread, tokenizer, task):
     from orchard.recipes.rl_env import RolloutEnv
     from orchard.recipes.rl_policy import TrainingPolicy
