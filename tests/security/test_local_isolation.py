@@ -128,8 +128,10 @@ async def test_the_agent_socket_is_out_of_the_sandboxs_reach(backend, tmp_path):
     """The socket clients connect to is bound on the host and handed to the agent as a descriptor: the
     sandbox has no path to it, so it can neither fill its directory nor swap it for another socket."""
     async with running(backend) as (sb, agent):
-        r = await agent.exec("ls -A /.orchard/run; ln -s /tmp/x /.orchard/run/agent.sock || echo refused")
-        assert r.stdout.split() == ["token", "refused"]
+        r = await agent.exec("ls -A /.orchard/run; ln -s /tmp/x /.orchard/run/agent.sock || echo refused; "
+                             "cat /.orchard/run/env 2>/dev/null || echo env-closed")
+        # env: the commands' environment, read by the agent before it became the workload's user
+        assert r.stdout.split() == ["env", "token", "refused", "env-closed"]
         assert sorted(os.listdir(sb.handle["run_dir"])) == ["agent.sock"]
         assert (await agent.exec("echo still-the-agent")).stdout == "still-the-agent\n"
 
