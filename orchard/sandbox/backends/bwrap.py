@@ -25,9 +25,9 @@ What the arguments do:
 - with `spec.bundles`, a tiny read-only tmpfs at /.orchard/harness holding a read-only bind of each
   built harness bundle at /.orchard/harness/<name> (docs/harness-bundles.md);
 - the agent bundle read-only at /.orchard, and at /.orchard/run a tiny read-only tmpfs holding only the
-  token and the workload's environment (WORKLOAD_ENV_FILE: the agent's own environment is `agent_env`,
-  the same for every sandbox) (and, with `network.gateway`, the model gateway's Unix socket, bound in read-only: the agent
-  relays 127.0.0.1:4000 to it, and the sandbox has no other way out). The agent's socket is not in the
+  token and the workload's environment (WORKLOAD_ENV_FILE; the agent's own is `agent_env`, the same for
+  every sandbox) and, with `network.gateway`, the model gateway's Unix socket, bound in read-only (the
+  agent relays 127.0.0.1:4000 to it, and the sandbox has no other way out). The agent's socket is not in the
   sandbox at all: it is bound on the host and handed to the agent
   as an open file descriptor (`--listen fd:N`), so nothing the sandbox can write lies outside its
   writable layer, and the sandbox cannot swap the socket its clients connect to.

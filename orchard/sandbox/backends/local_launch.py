@@ -2,9 +2,10 @@
 
 The sandbox is started through a few lines of `/bin/sh` that first move the shell into the sandbox's
 cgroups (or, without cgroups, set rlimits), so everything after — bwrap, its namespace init, the agent —
-is limited from its first instruction; then, when `disk_mb` is set, mount the size-limited tmpfs for the
-writable layer in a private mount namespace (`unshare`, so the host never sees that mount and it vanishes
-with the sandbox); then exec bwrap, which reads its arguments from a file descriptor."""
+is limited from its first instruction; then, in a private mount namespace (`unshare`, so the host never
+sees those mounts and they vanish with the sandbox), as root bind the bundle cache read-only onto itself
+(LOCK_SCRIPT) and, when `disk_mb` is set, mount the size-limited tmpfs for the writable layer; then exec
+bwrap, which reads its arguments from a file descriptor."""
 
 from __future__ import annotations
 
