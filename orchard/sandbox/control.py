@@ -40,6 +40,7 @@ class EmbeddedControlPlane:
         name = backend if isinstance(backend, str) else backend.backend if backend is not None else "local"
         self.description = f"embedded (in-process, {name} backend)"
         self._service = None
+        self._lifeline = None  # ends this process's sandboxes if it is killed (orchard/sandbox/lifeline.py)
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
 
@@ -53,11 +54,19 @@ class EmbeddedControlPlane:
         async with self._start_lock:
             if self._service is None:
                 # Imported here so that a remote-only client never loads the server and backend code.
+                from orchard.sandbox.lifeline import Lifeline
+                from orchard.sandbox.server.home import resolve_home, resolved_backend_config
                 from orchard.sandbox.server.service import SandboxService
 
-                service = SandboxService.embedded(self.home, backend=self.backend, caps=self.caps,
-                                                  pools=self.pools)
-                await service.start()
+                home = resolve_home(self.home)
+                config = resolved_backend_config(self.backend, home)
+                service = SandboxService.embedded(home, backend=config, caps=self.caps, pools=self.pools)
+                self._lifeline = await asyncio.to_thread(Lifeline, home, config)
+                try:
+                    await service.start()
+                except BaseException:
+                    self._release_lifeline()
+                    raise
                 self._service = service
         return self._service
 
@@ -89,6 +98,12 @@ class EmbeddedControlPlane:
         service, self._service = self._service, None
         if service is not None:
             await service.stop(delete_all=True)
+        self._release_lifeline()
+
+    def _release_lifeline(self) -> None:
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            lifeline.release()
 
 
 _Model = TypeVar("_Model", bound=BaseModel)

@@ -16,8 +16,8 @@ process should delete them:
   The hook is registered with `threading._register_atexit`, the one `concurrent.futures` itself uses,
   because deleting a sandbox runs work in threads (`asyncio.to_thread`) and plain `atexit` hooks run
   only after the thread pools refuse new work.
-SIGKILL cannot be caught: its sandboxes are taken over by the next orchestrator started on the same home,
-which deletes them when it stops (embedded) or when their TTL passes."""
+SIGKILL cannot be caught: the orchestrator's lifeline watcher (lifeline.py), a process of its own that sees
+the owner's end of a pipe close, deletes its sandboxes then."""
 
 from __future__ import annotations
 

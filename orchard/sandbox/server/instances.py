@@ -44,7 +44,17 @@ def is_alive(service: ServiceRecord, *, remote_stale_after_s: float) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
+    if _is_zombie(service.pid):
+        return False  # it has ended (its sandboxes' lifeline fired); its parent has not reaped it yet
     return service.pid_start is None or process_start_time(service.pid) == service.pid_start
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[:1] == [b"Z"]
+    except OSError:
+        return False
 
 
 def process_start_time(pid: int) -> str | None:
