@@ -35,7 +35,7 @@ def test_an_unknown_backend_names_the_available_ones(tmp_path):
 
 def test_configs_take_defaults_from_the_home_and_the_environment(tmp_path):
     local = backend_config("local", tmp_path, environ={"ORCHARD_LOCAL_AGENT_APART": "1"})
-    assert local == LocalConfig(root_dir=tmp_path / "sandboxes", bundle_cache_dir=tmp_path / "cache",
+    assert local == LocalConfig(home=tmp_path, root_dir=tmp_path / "sandboxes", bundle_cache_dir=tmp_path / "cache",
                                 image_dir=tmp_path / "images", agent_apart=True)
     k8s = backend_config("kubernetes", tmp_path, environ={"ORCHARD_K8S_NAMESPACE": "ns",
                                                           "ORCHARD_K8S_POD_PIDS_LIMIT": "256"})

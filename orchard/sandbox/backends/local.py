@@ -90,7 +90,9 @@ class LocalBackend:
     def __init__(self, root_dir: Path | None = None, *, run_dir: Path | None = None,
                  bundle_cache_dir: Path | None = None, ready_timeout_s: float = 30.0,
                  agent_apart: bool | None = None, model_gateway: str | None = None,
-                 image_dir: Path | None = None, zygote: bool | None = None, spares: int = 1) -> None:
+                 image_dir: Path | None = None, zygote: bool | None = None, spares: int = 1,
+                 home: Path | None = None) -> None:
+        self.home = Path(home) if home is not None else orchard_home()  # the orchestrator's: hidden
         self.root_dir = Path(root_dir) if root_dir is not None else orchard_home() / "sandboxes"
         self.images = ImageStore(Path(image_dir) if image_dir is not None else orchard_home() / "images")
         self.run_base = (Path(run_dir) if run_dir is not None
@@ -113,7 +115,7 @@ class LocalBackend:
         return cls(config.root_dir, run_dir=config.run_dir, bundle_cache_dir=config.bundle_cache_dir,
                    ready_timeout_s=config.ready_timeout_s, agent_apart=config.agent_apart,
                    model_gateway=config.model_gateway, image_dir=config.image_dir, zygote=config.zygote,
-                   spares=config.spares)
+                   spares=config.spares, home=config.home)
 
     # ---- paths ---------------------------------------------------------------------------------------
 
@@ -154,8 +156,8 @@ class LocalBackend:
 
     def _hidden_paths(self) -> list[Path]:
         """Directories of Orchard's own state that sandboxes on the host image must not see."""
-        paths = {self.root_dir.resolve(), orchard_home().resolve(), self.bundle_cache_dir.resolve(),
-                 self.images.root.resolve()}
+        paths = {self.root_dir.resolve(), self.home.resolve(), orchard_home().resolve(),
+                 self.bundle_cache_dir.resolve(), self.images.root.resolve()}
         return sorted(paths)
 
     def _make_private(self) -> None:
@@ -163,7 +165,7 @@ class LocalBackend:
         sandboxes of root run as an unprivileged host uid, so the mode is what keeps them out of the
         homes of *other* orchestrators too, which no tmpfs cover of this one hides."""
         self.root_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        homes = {orchard_home()}
+        homes = {self.home, orchard_home()}
         if self.root_dir.name == "sandboxes":  # the layout of an Orchard home: <home>/sandboxes
             homes.add(self.root_dir.parent)
         for path in (self.root_dir, *homes):

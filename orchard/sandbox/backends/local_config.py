@@ -21,6 +21,9 @@ class LocalConfig(BackendConfig):
 
     backend: Literal["local"] = "local"
     runs_here: ClassVar[bool] = True
+    home: Path | None = Field(default=None, description="the orchestrator's home, whose state db holds every "
+                                                        "sandbox's token: hidden from sandboxes like the "
+                                                        "directories below (default $ORCHARD_HOME)")
     root_dir: Path | None = Field(default=None, description="the sandboxes' private directories "
                                                             "(default $ORCHARD_HOME/sandboxes)")
     run_dir: Path | None = Field(default=None, description="their sockets (default <tmp>/orchard-run-<uid>, "
@@ -48,7 +51,7 @@ class LocalConfig(BackendConfig):
 
     @classmethod
     def from_env(cls, home: Path, environ: Mapping[str, str]) -> "LocalConfig":
-        return cls(root_dir=home / "sandboxes", bundle_cache_dir=home / "cache", image_dir=home / "images",
+        return cls(home=home, root_dir=home / "sandboxes", bundle_cache_dir=home / "cache", image_dir=home / "images",
                    agent_apart=environ.get(AGENT_APART_ENV) == "1")
 
 

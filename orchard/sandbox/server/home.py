@@ -26,7 +26,10 @@ def state_db_path(home: Path) -> Path:
 
 def resolved_backend_config(backend: BackendConfig | str | None, home: Path) -> BackendConfig:
     """`backend` as a config: a config as given, a name (default `local`) with that backend's defaults
-    for `home` and the environment."""
+    for `home` and the environment. A config that takes a `home` (the local backend's, which hides it from
+    sandboxes: its state db holds every sandbox's token) and has none is given this one."""
     if isinstance(backend, BackendConfig):
+        if "home" in type(backend).model_fields and getattr(backend, "home") is None:
+            return backend.model_copy(update={"home": home})
         return backend
     return backend_config(backend or "local", home)
