@@ -27,11 +27,14 @@ MAX_NESTING = 4
 @dataclass
 class Layer:
     """A layer's file in the archive; `digest` is what its bytes as stored must hash to (compressed, for
-    an OCI blob), or, with `uncompressed`, what the tar inside must hash to (a docker archive's diff id)."""
+    an OCI blob), or, with `uncompressed`, what the tar inside must hash to (a docker archive's diff id).
+    `declared_size`: the size of its bytes as stored, as the manifest declares it (an OCI descriptor's
+    `size`; a docker archive declares none)."""
 
     path: str
     digest: str
     uncompressed: bool
+    declared_size: int | None = None
 
 
 @dataclass
@@ -82,9 +85,19 @@ def _oci_image(files: ArchiveFiles) -> ArchiveImage:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("layers"), list) or "config" not in manifest:
         raise InvalidRequest(f"{files.source}: the image manifest has no config and layers: not an image manifest")
     config = _config(files.read_blob(manifest["config"].get("digest"), "image config"), files)
-    layers = [Layer(blob_path(layer.get("digest")), layer["digest"], uncompressed=False)
-              for layer in manifest["layers"]]
+    layers = [Layer(blob_path(layer.get("digest")), layer["digest"], uncompressed=False,
+                    declared_size=_declared_size(layer, files)) for layer in manifest["layers"]]
     return ArchiveImage(digest=descriptor["digest"], format="oci", layers=layers, config=config, names=names)
+
+
+def _declared_size(descriptor: object, files: ArchiveFiles) -> int:
+    """A layer descriptor's `size` (required by the OCI image spec): what its blob may hold, and what its
+    unpacked size is measured against (blobs.LayerPipe)."""
+    size = descriptor.get("size") if isinstance(descriptor, dict) else None
+    if type(size) is not int or size < 0:
+        raise InvalidRequest(f"{files.source}: a layer of the image manifest has no valid size ({str(size)[:40]!r}): "
+                             "the archive is corrupt; save the image again")
+    return size
 
 
 def _collect(files: ArchiveFiles, index: object, names: list[str], out: list, depth: int) -> None:

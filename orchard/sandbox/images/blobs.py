@@ -14,7 +14,7 @@ import tarfile
 import threading
 import zlib
 from pathlib import Path
-from typing import IO, BinaryIO, Callable
+from typing import IO, BinaryIO, Callable, Mapping
 
 from orchard.core.errors import InvalidRequest
 
@@ -22,6 +22,12 @@ DIGEST_ALGORITHMS = {"sha256": 64, "sha512": 128}
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_JSON_BYTES = 16 << 20  # an index, manifest or config: JSON, never this big
+# How far a layer may inflate: a gzip stream of 2 MB can hold 2 GiB of zeros, all of it written to the host
+# by an import. Real layers inflate 2-5 times; past this many times what the manifest declares (or, without
+# a declared size, what was read so far), plus a small allowance, the import stops and keeps nothing.
+MAX_EXPANSION_ENV = "ORCHARD_IMAGE_MAX_EXPANSION"
+DEFAULT_MAX_EXPANSION = 100
+EXPANSION_ALLOWANCE = 64 << 20
 # What reading a broken archive or layer raises (tarfile, gzip, zlib, zstandard): all mean "corrupt".
 READ_ERRORS: tuple[type[BaseException], ...] = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile,
                                                  UnicodeDecodeError)
@@ -204,10 +210,14 @@ class LayerPipe:
     corrupt stream. Leaving early (an unsafe member) closes the pipe, which stops the thread."""
 
     def __init__(self, raw: IO[bytes], digest: str, what: str, *, uncompressed: bool,
-                 counted: Callable[[int], None] | None = None) -> None:
+                 counted: Callable[[int], None] | None = None, declared_size: int | None = None,
+                 max_expansion: int | None = None) -> None:
         self.raw, self.digest, self.what, self.uncompressed, self.counted = raw, digest, what, uncompressed, counted
+        self.declared_size = declared_size
+        self.max_expansion = max_expansion_from_env() if max_expansion is None else max_expansion
         self.error: BaseException | None = None
-        self.bytes_read = 0
+        self.bytes_read = 0  # as stored (compressed)
+        self.bytes_unpacked = 0  # the tar inside
         read_end, self._write_end = os.pipe()
         self.file = os.fdopen(read_end, "rb", buffering=1 << 20)
         self._thread = threading.Thread(target=self._pump, name="orchard-layer-reader", daemon=True)
@@ -238,6 +248,8 @@ class LayerPipe:
                 chunk = source.read(1 << 20)
                 if not chunk:
                     break
+                self.bytes_unpacked += len(chunk)
+                self._check_expansion()
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(self._write_end, view):]
@@ -250,6 +262,34 @@ class LayerPipe:
             os.close(self._write_end)
 
 
+    def _check_expansion(self) -> None:
+        """Refuse the layer once its tar is past `max_expansion` times its stored size (the declared one, or
+        what was read so far) plus the allowance: before those bytes reach the unpacking thread."""
+        basis = max(self.declared_size or 0, self.bytes_read)
+        cap = basis * self.max_expansion + EXPANSION_ALLOWANCE
+        if self.bytes_unpacked > cap:
+            raise InvalidRequest(
+                f"{self.what} inflates to more than {self.bytes_unpacked >> 20} MiB from {basis} bytes as stored, "
+                f"over {self.max_expansion} times that plus {EXPANSION_ALLOWANCE >> 20} MiB: a decompression bomb, "
+                f"so nothing of the image was kept. If the image is genuine (a layer of huge sparse or zero files), "
+                f"raise {MAX_EXPANSION_ENV} (now {self.max_expansion}) for its import")
+
+    def check_declared(self) -> None:
+        if self.declared_size is not None and self.bytes_read > self.declared_size:
+            raise InvalidRequest(f"{self.what} holds more than the {self.declared_size} bytes its manifest "
+                                 "declares: the archive is corrupt or crafted; nothing of the image was kept")
+
+
+def max_expansion_from_env(environ: Mapping[str, str] | None = None) -> int:
+    text = (os.environ if environ is None else environ).get(MAX_EXPANSION_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_EXPANSION
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidRequest(f"{MAX_EXPANSION_ENV}={text[:40]!r} is not a whole number of at least 1: how many "
+                             f"times its stored size a layer may inflate (default {DEFAULT_MAX_EXPANSION})")
+    return int(text)
+
+
 class _Counting:
     def __init__(self, raw: IO[bytes], pipe: LayerPipe) -> None:
         self.raw, self.pipe, self._told = raw, pipe, 0
@@ -257,6 +297,7 @@ class _Counting:
     def read(self, size: int = -1) -> bytes:
         data = self.raw.read(size)
         self.pipe.bytes_read += len(data)
+        self.pipe.check_declared()
         if self.pipe.counted and (self.pipe.bytes_read - self._told >= 4 << 20 or not data):
             self._told = self.pipe.bytes_read
             self.pipe.counted(self.pipe.bytes_read)

@@ -155,7 +155,7 @@ class ImageStore:
         what = f"{files.source}: layer {number} of {count} ({layer.digest[:19]})"
         report = (lambda n: progress(number, count, n)) if progress else None
         with files.open(layer.path) as raw, LayerPipe(raw, layer.digest, what, uncompressed=layer.uncompressed,
-                                                      counted=report) as pipe:
+                                                      counted=report, declared_size=layer.declared_size) as pipe:
             try:
                 writer.apply(pipe.file, what)
                 pipe.finish()
