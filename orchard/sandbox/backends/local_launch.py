@@ -290,7 +290,7 @@ def protect_workload_init(sandbox_init_pid: int, agent_pid: int | None = None) -
     files are another uid's than the workload's, so the workload cannot raise it again. Killing it would
     kill every process of the workload and end the agent. False when there is no such init (the agent
     could not separate its commands) or the setting failed (without CAP_SYS_RESOURCE, as in a container
-    that drops it: logged once)."""
+    that drops it: logged once per process, since every sandbox of this process meets the same)."""
     global _init_protection_warned
     for agent in [agent_pid] if agent_pid else _thread_children(sandbox_init_pid):
         for child in _thread_children(agent):
@@ -298,14 +298,23 @@ def protect_workload_init(sandbox_init_pid: int, agent_pid: int | None = None) -
                 with open(f"/proc/{child}/comm") as f:
                     if f.read().strip() != WORKLOAD_INIT_NAME:
                         continue
-                with open(f"/proc/{child}/oom_score_adj", "w") as f:
-                    f.write("-1000")
+                exempt_from_oom_killer(child)
                 return True
             except OSError as e:
                 if not _init_protection_warned:
                     _init_protection_warned = True
-                    log.warning("could not exempt the workload's pid namespace init (host pid %d) from the "
-                                "OOM killer: %s (lowering oom_score_adj needs CAP_SYS_RESOURCE); sandboxes "
-                                "run without that exemption", child, e)
+                    log.warning(
+                        "sandboxes of this process run without their init exempt from the OOM killer (%s: "
+                        "lowering oom_score_adj needs CAP_SYS_RESOURCE, which containers often drop). What it "
+                        "means: a sandbox that fills its memory still loses one of its commands first (theirs "
+                        "is raised), but should the OOM killer ever pick its init, every process of that "
+                        "sandbox ends and the sandbox is lost. Give the orchestrator CAP_SYS_RESOURCE to "
+                        "exempt it; this is said once per process", e.strerror or e)
                 return False
     return False
+
+
+def exempt_from_oom_killer(pid: int) -> None:
+    """oom_score_adj -1000 for `pid`; OSError (EACCES) without CAP_SYS_RESOURCE."""
+    with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+        f.write("-1000")
