@@ -26,6 +26,7 @@ from orchard.core.sandbox import MODEL_GATEWAY_URL
 from orchard.core.trajectory import LLMCall
 from orchard.gateway.config import GatewayConfig
 from orchard.gateway.rollout_keys import rollout_api_key
+from orchard.util.connection_guard import guarded_h11
 from orchard.util.uvicorn_thread import ServerThread
 
 START_TIMEOUT_S = 120.0  # the app's start imports litellm, seconds on a busy machine
@@ -88,7 +89,8 @@ class LocalGateway:
         self._server = ServerThread(create_app(self.gateway), host=self.host, name="orchard-eval-gateway",
                                     what="the evaluation's model gateway", start_timeout_s=START_TIMEOUT_S,
                                     stop_timeout_s=STOP_TIMEOUT_S, unix_socket=self.socket_path,
-                                    unix_socket_mode=0o666, timeout_graceful_shutdown=1, lifespan="on")
+                                    unix_socket_mode=0o666, timeout_graceful_shutdown=1, lifespan="on",
+                                    http=guarded_h11(self.gateway.config.connection_guard()))
         try:
             self._server.start()
         except BaseException:

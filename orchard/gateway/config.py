@@ -20,6 +20,7 @@ from orchard.core.errors import InvalidRequest, first_problem, ModelError
 from orchard.core.policy import PROVIDER_PREFIX
 from orchard.gateway.budget import Budget
 from orchard.util.config_files import read_config_file
+from orchard.util.connection_guard import ConnectionGuard, ConnectionLimits
 from orchard.policies.registry import model_names, provider_model
 
 # Models Orchard runs itself (registered in the `orchard.models` entry-point group, or served at run time;
@@ -74,6 +75,21 @@ class GatewayConfig(BaseModel):
                                   "an api_base to a model litellm does not know) directly instead of through "
                                   "litellm, for plain requests (see docs/gateway.md); false: always litellm")
     record_path: Path | None = Field(default=None, description="also append every call to this JSONL file")
+    max_connections_per_sandbox: int = Field(
+        default=64, ge=1, description="most connections one sandbox holds on the gateway's Unix socket (its "
+                                      "network namespace; the agent's forwarder relays at most 32): past it, "
+                                      "that sandbox's oldest idle connection is closed for the new one")
+    connection_idle_timeout_s: float = Field(
+        default=30, gt=0, le=3600, description="a connection that sends no whole request for this long is "
+                                               "closed (a call in progress is never cut)")
+    max_connections: int | None = Field(
+        default=None, ge=1, description="most connections in all (default: half the process's descriptors)")
+
+    def connection_guard(self) -> ConnectionGuard:
+        """What bounds the connections clients (sandboxes) hold on the gateway's server."""
+        return ConnectionGuard(ConnectionLimits(max_connections=self.max_connections,
+                                                max_per_peer=self.max_connections_per_sandbox,
+                                                idle_timeout_s=self.connection_idle_timeout_s))
 
     @field_validator("models")
     @classmethod

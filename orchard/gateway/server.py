@@ -24,14 +24,16 @@ def serve(host: str = "127.0.0.1", port: int = 4000, config: GatewayConfig | str
 
     from orchard.gateway.app import create_app
     from orchard.gateway.gateway import Gateway
+    from orchard.util.connection_guard import guarded_h11
     from orchard.util.logs import log_to_stderr
 
     if not isinstance(config, GatewayConfig):
         config = GatewayConfig.load(config) if config is not None else GatewayConfig()
     log_to_stderr(log_level)
     app = create_app(Gateway(config))
+    # h11 with the connection guard: a sandbox cannot hold the socket's connections (see connection_guard.py)
     uvicorn_config = uvicorn.Config(app, host=host, port=port, access_log=False, log_level=log_level,
-                                    timeout_graceful_shutdown=10)
+                                    timeout_graceful_shutdown=10, http=guarded_h11(config.connection_guard()))
     if unix_socket is None:
         _run(uvicorn.Server(uvicorn_config))
         return
