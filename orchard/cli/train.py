@@ -132,8 +132,8 @@ def run_sft_command(settings: Any, *, resume: bool, report: Any = None) -> None:
     out.print(escape(report.summary()))
     if report.mismatches:
         first = report.mismatches[0]
-        err.print(f"[yellow]{len(report.mismatches)} recorded token sequence(s) differ from re-rendering and were "
-                  f"not trained[/] (first: {escape(first.part)} of call {escape(first.source.llm_call_id)} at "
+        err.print(f"[yellow]{len(report.mismatches)} recorded token sequence(s) decode to other text than "
+                  f"re-rendering the call (another tokenizer or template) and were not trained[/] (first: {escape(first.part)} of call {escape(first.source.llm_call_id)} at "
                   f"token {first.index}, finish_reason {escape(str(first.finish_reason))}); see metrics.json")
     if result.resumed_from is not None:
         out.print(f"resumed from {escape(str(result.resumed_from))}")

@@ -2,10 +2,15 @@
 
 Each recorded `LLMCall` of a trajectory becomes one example: its request (messages + tools) rendered with the
 student's chat template as the prompt (labels -100, weight 0), its response as the completion (orchard.recipes
-.call_render). Where the gateway recorded token ids, those ids are the example, as they are, once re-rendering
-the call with the student's tokenizer gives the same ids; when it does not, the call is reported as a
-`TokenMismatch` and left out (the recorded ids may come from another tokenizer or template, and the text may
-not say what the policy saw).
+.call_render). Where the gateway recorded token ids, those ids are the example, as they were sampled (token in,
+token out, as the RL samples are), once they are shown to be the student's: the recorded prompt decodes to the
+prompt the student's template renders (or, with no prompt recorded, the completion to the rendered completion).
+A sampler may tokenize a text otherwise than re-tokenizing it does (`[' timestamp', 'e']` against
+`[' timest', 'am', 'pe']`): the recorded ids are trained and the call counted in `BuildReport.kept`. Ids that
+decode to other text (another tokenizer or template) are reported as a `TokenMismatch` and left out.
+
+A call cut off by its token limit (`finish_reason` 'length') has no end-of-turn token: it is trained as it was
+sampled, without one (`kept['truncated']`), or left out with `filters.truncated: skip`.
 
 What is trained:
 - a rollout that ended in an error (`outcome.error`) never is: the attempt did not happen properly;
@@ -44,7 +49,8 @@ SKIP_REASONS = {
     "call_failed": "the call failed or has no response",
     "no_request": "the call's request messages were not recorded",
     "render_failed": "the student's chat template cannot render the call",
-    "token_mismatch": "the recorded token ids differ from the re-rendered ones (see mismatches)",
+    "token_mismatch": "the recorded token ids decode to other text than the re-rendered call (see mismatches)",
+    "truncated": "cut off by the token limit (finish_reason 'length') and filters.truncated is skip",
     "too_long": "longer than filters.max_length",
     "duplicate": "the same tokens and labels as an earlier example",
 }
@@ -65,6 +71,13 @@ class ExampleFilters(BaseModel):
                                                                    "completion tokens); never truncated")
     dedup: bool = Field(default=True, description="leave out examples whose tokens and labels repeat an "
                                                   "earlier one")
+    truncated: Literal["train", "skip"] = Field(default="train", description=(
+        "a call cut off by its token limit: train it as sampled, with no end-of-turn token, or skip it"))
+
+KEPT_REASONS = {
+    "recorded_ids": "trained on the recorded ids, which re-tokenizing the same text does not reproduce",
+    "truncated": "cut off by the token limit: trained as sampled, with no end-of-turn token",
+}
 
 
 class ExampleSource(BaseModel):
@@ -125,6 +138,8 @@ class BuildReport(BaseModel):
     mismatches: list[TokenMismatch] = Field(default_factory=list)
     skipped: dict[str, int] = Field(default_factory=dict, description="calls not trained, by reason "
                                                                       "(SKIP_REASONS)")
+    kept: dict[str, int] = Field(default_factory=dict, description="calls trained otherwise than re-rendering "
+                                                                   "gives, by reason (KEPT_REASONS)")
     trajectories: int = 0
     calls: int = 0
 
@@ -134,8 +149,10 @@ class BuildReport(BaseModel):
 
     def summary(self) -> str:
         skipped = ", ".join(f"{count} {reason}" for reason, count in sorted(self.skipped.items())) or "none"
+        kept = "".join(f", {count} {reason}" for reason, count in sorted(self.kept.items()) if count)
         return (f"{len(self.examples)} examples ({self.trained_tokens} trained tokens) from {self.calls} calls "
-                f"of {self.trajectories} trajectories; skipped: {skipped}")
+                f"of {self.trajectories} trajectories; skipped: {skipped}"
+                + (f"; trained as recorded: {kept[2:]}" if kept else ""))
 
 
 def build_examples(trajectories: Iterable[Trajectory], tokenizer: Any, *, filters: ExampleFilters | None = None,
@@ -159,8 +176,9 @@ def build_examples(trajectories: Iterable[Trajectory], tokenizer: Any, *, filter
         for call in trajectory.llm_calls:
             step = steps.get(call.id)
             weight, reason = _call_weight(trajectory, step, named, filters)
+            notes: list[str] = []
             if reason is None:
-                example, reason = _example(trajectory, step, call, weight, tokenizer, report)
+                example, reason, notes = _example(trajectory, step, call, weight, tokenizer, report, filters)
             if reason is None and filters.max_length is not None and len(example.input_ids) > filters.max_length:
                 reason = "too_long"
             if reason is None and filters.dedup:
@@ -169,9 +187,12 @@ def build_examples(trajectories: Iterable[Trajectory], tokenizer: Any, *, filter
                 seen.add(key)
             if reason is None:
                 report.examples.append(example)
+                for note in notes:
+                    report.kept[note] = report.kept.get(note, 0) + 1
             else:
                 skipped[reason] += 1
     report.skipped = dict(sorted(skipped.items()))
+    report.kept = dict(sorted(report.kept.items()))
     return report
 
 
@@ -210,46 +231,81 @@ def _call_weight(trajectory: Trajectory, step: Step | None, named: Mapping[int, 
 
 
 def _example(trajectory: Trajectory, step: Step | None, call: LLMCall, weight: float, tokenizer: Any,
-             report: BuildReport) -> tuple[TrainingExample | None, str | None]:
+             report: BuildReport, filters: ExampleFilters) -> tuple[TrainingExample | None, str | None, list[str]]:
     response = response_message(call.response)
     if call.error is not None or response is None:
-        return None, "call_failed"
+        return None, "call_failed", []
     if not call.request_messages:
-        return None, "no_request"
+        return None, "no_request", []
+    truncated = _finish_reason(call.response) == "length"
+    if truncated and filters.truncated == "skip":
+        return None, "truncated", []
     source = ExampleSource(rollout_key=trajectory.rollout_key, task_id=trajectory.task_id,
                            harness=trajectory.agent.name, model=call.model or trajectory.agent.model_name,
                            step_id=step.step_id if step is not None else None, llm_call_id=call.id)
     try:
         rendered = render_call(tokenizer, call.request_messages, call.request_params.get("tools"), response)
     except RenderError:
-        return None, "render_failed"
+        return None, "render_failed", []
     prompt, completion = rendered.prompt_ids, rendered.completion_ids
+    notes = ["truncated"] if truncated else []
+    if truncated:  # the template closes the turn; the sampler never wrote that end-of-turn token
+        completion = _without_end_of_turn(tokenizer, completion)
     recorded = call.prompt_token_ids is not None or call.completion_token_ids is not None
     if recorded:
-        mismatches = _mismatches(tokenizer, source, rendered, call)
-        if mismatches:
-            report.mismatches.extend(mismatches)
-            return None, "token_mismatch"
-        prompt = call.prompt_token_ids if call.prompt_token_ids is not None else prompt
-        completion = call.completion_token_ids if call.completion_token_ids is not None else completion
+        mismatch = _mismatch(tokenizer, source, rendered, call, truncated)
+        if mismatch is not None:
+            report.mismatches.append(mismatch)
+            return None, "token_mismatch", []
+        recorded_prompt = call.prompt_token_ids if call.prompt_token_ids is not None else prompt
+        recorded_completion = call.completion_token_ids if call.completion_token_ids is not None else completion
+        if (list(recorded_prompt), list(recorded_completion)) != (prompt, completion):
+            notes.append("recorded_ids")
+        prompt, completion = list(recorded_prompt), list(recorded_completion)
+    if not completion:
+        return None, "call_failed", []
     return TrainingExample(input_ids=[*prompt, *completion], labels=[IGNORE_INDEX] * len(prompt) + list(completion),
                            token_weights=[0.0] * len(prompt) + [weight] * len(completion), source=source,
-                           token_ids_recorded=recorded), None
+                           token_ids_recorded=recorded), None, notes
 
 
-def _mismatches(tokenizer: Any, source: ExampleSource, rendered: RenderedCall, call: LLMCall) -> list[TokenMismatch]:
-    found = []
-    for part, recorded, ids in (("prompt", call.prompt_token_ids, rendered.prompt_ids),
-                                ("completion", call.completion_token_ids, rendered.completion_ids)):
-        if recorded is None or list(recorded) == ids:
-            continue
-        index = next((i for i, (a, b) in enumerate(zip(recorded, ids)) if a != b), min(len(recorded), len(ids)))
-        found.append(TokenMismatch(
-            source=source, part=part, index=index, recorded_tokens=len(recorded), rendered_tokens=len(ids),
-            recorded_excerpt=tokenizer.decode(recorded[index:index + 40])[:EXCERPT_CHARS],
-            rendered_excerpt=tokenizer.decode(ids[index:index + 40])[:EXCERPT_CHARS],
-            finish_reason=_finish_reason(call.response)))
-    return found
+def _without_end_of_turn(tokenizer: Any, ids: list[int]) -> list[int]:
+    end = getattr(tokenizer, "eos_token_id", None)
+    return ids[:-1] if ids and end is not None and ids[-1] == end else ids
+
+
+def _decoded(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _mismatch(tokenizer: Any, source: ExampleSource, rendered: RenderedCall, call: LLMCall,
+              truncated: bool) -> TokenMismatch | None:
+    """The first recorded part that is not the student's tokens for this call: the recorded prompt must
+    decode to the rendered prompt; the recorded completion is then the student's own sampling, trained as it
+    is. With no prompt recorded, the completion must decode to the rendered completion (without its end of
+    turn when the call was cut off)."""
+    if call.prompt_token_ids is not None:
+        if list(call.prompt_token_ids) == rendered.prompt_ids \
+                or _decoded(tokenizer, call.prompt_token_ids) == rendered.prompt_text:
+            return None
+        return _mismatch_record(tokenizer, source, "prompt", call.prompt_token_ids, rendered.prompt_ids, call)
+    if call.completion_token_ids is None:
+        return None
+    expected_ids = _without_end_of_turn(tokenizer, rendered.completion_ids) if truncated else rendered.completion_ids
+    if list(call.completion_token_ids) == expected_ids \
+            or _decoded(tokenizer, call.completion_token_ids) == _decoded(tokenizer, expected_ids):
+        return None
+    return _mismatch_record(tokenizer, source, "completion", call.completion_token_ids, expected_ids, call)
+
+
+def _mismatch_record(tokenizer: Any, source: ExampleSource, part: Literal["prompt", "completion"],
+                     recorded: list[int], ids: list[int], call: LLMCall) -> TokenMismatch:
+    index = next((i for i, (a, b) in enumerate(zip(recorded, ids)) if a != b), min(len(recorded), len(ids)))
+    return TokenMismatch(
+        source=source, part=part, index=index, recorded_tokens=len(recorded), rendered_tokens=len(ids),
+        recorded_excerpt=tokenizer.decode(recorded[index:index + 40])[:EXCERPT_CHARS],
+        rendered_excerpt=tokenizer.decode(ids[index:index + 40])[:EXCERPT_CHARS],
+        finish_reason=_finish_reason(call.response))
 
 
 def _finish_reason(response: dict[str, Any] | None) -> str | None:

@@ -220,7 +220,7 @@ def data_summary(report: BuildReport) -> dict[str, Any]:
     return {"trajectories": report.trajectories, "calls": report.calls, "examples": len(report.examples),
             "trained_tokens": report.trained_tokens,
             "tokens": sum(len(example.input_ids) for example in report.examples),
-            "skipped": report.skipped, "mismatches": len(report.mismatches),
+            "skipped": report.skipped, "kept": report.kept, "mismatches": len(report.mismatches),
             "mismatch_examples": [m.model_dump(mode="json") for m in report.mismatches[:MISMATCHES_KEPT]]}
 
 

@@ -92,26 +92,52 @@ def test_recorded_token_ids_are_used_as_they_are_when_re_rendering_agrees(tokeni
     assert all(example.token_ids_recorded for example in report.examples)
 
 
-def test_a_recorded_sequence_that_re_rendering_does_not_reproduce_is_reported_not_trained(tokenizer, oracle):
+def test_recorded_ids_are_trained_as_sampled_and_another_tokenizers_are_reported(tokenizer, oracle):
+    """Token in, token out: a sampler's own tokenization of a text (not what re-tokenizing gives) and a
+    completion cut off before its end of turn are trained as recorded, and counted; a prompt of another
+    tokenizer's ids is reported and left out."""
     trajectory = oracle[0].model_copy(deep=True)
     examples = build_examples([trajectory], tokenizer).examples
     for call, example in zip(trajectory.llm_calls, examples):
         call.prompt_token_ids, call.completion_token_ids = split(example)
-    # a completion cut off by max_tokens: no end-of-turn token, so it must not be trained as a finished turn
+    # the first call's completion sampled a word in smaller pieces than the tokenizer would cut it
+    first = trajectory.llm_calls[0]
+    word = next(i for i, t in enumerate(first.completion_token_ids) if len(tokenizer.decode([t]).strip()) >= 4)
+    text = tokenizer.decode([first.completion_token_ids[word]])
+    pieces = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(ch)) for ch in text]
+    pieces = [i for piece in pieces for i in piece]
+    assert tokenizer.decode(pieces) == text and len(pieces) > 1
+    first.completion_token_ids = [*first.completion_token_ids[:word], *pieces, *first.completion_token_ids[word + 1:]]
+    # a completion cut off by max_tokens: no end-of-turn token
     truncated = trajectory.llm_calls[1]
-    truncated.completion_token_ids = truncated.completion_token_ids[:-1]
+    truncated.completion_token_ids = truncated.completion_token_ids[:-3]
+    truncated.response["choices"][0]["finish_reason"] = "length"
+    truncated.response["choices"][0]["message"] = {"role": "assistant",
+                                                   "content": tokenizer.decode(truncated.completion_token_ids)}
     # another tokenizer's ids for a prompt
     trajectory.llm_calls[2].prompt_token_ids = [7] + trajectory.llm_calls[2].prompt_token_ids[1:]
     report = build_examples([trajectory], tokenizer)
-    assert [e.source.llm_call_id for e in report.examples] == [trajectory.llm_calls[0].id]
-    assert report.skipped == {"token_mismatch": 2}
-    cut, other = report.mismatches
-    assert (cut.part, cut.source.llm_call_id, cut.index) == ("completion", truncated.id,
-                                                              len(truncated.completion_token_ids))
-    assert (cut.recorded_excerpt, cut.rendered_excerpt) == ("", "<|im_end|>")
-    assert cut.finish_reason == "tool_calls"  # as the oracle's response says; a real cut-off says "length"
+    assert [e.source.llm_call_id for e in report.examples] == [first.id, truncated.id]
+    kept_first, kept_cut = report.examples
+    assert kept_first.input_ids == [*first.prompt_token_ids, *first.completion_token_ids]
+    assert kept_cut.input_ids == [*truncated.prompt_token_ids, *truncated.completion_token_ids]
+    assert kept_cut.input_ids[-1] != tokenizer.eos_token_id  # never an end of turn the sampler did not write
+    assert report.kept == {"recorded_ids": 1, "truncated": 1} and report.skipped == {"token_mismatch": 1}
+    assert "trained as recorded: 1 recorded_ids, 1 truncated" in report.summary()
+    (other,) = report.mismatches
     assert (other.part, other.index, other.recorded_tokens) == ("prompt", 0, other.rendered_tokens)
     assert other.rendered_excerpt.startswith("<|im_start|>system")
+    # or leave cut-off calls out, as an option says
+    skipping = build_examples([trajectory], tokenizer, filters=ExampleFilters(truncated="skip"))
+    assert skipping.skipped == {"token_mismatch": 1, "truncated": 1} and skipping.kept == {"recorded_ids": 1}
+
+
+def test_a_cut_off_call_without_recorded_ids_is_trained_without_the_end_of_turn(tokenizer, oracle):
+    trajectory = oracle[0].model_copy(deep=True)
+    whole = build_examples([trajectory], tokenizer).examples[0]
+    trajectory.llm_calls[0].response["choices"][0]["finish_reason"] = "length"
+    cut = build_examples([trajectory], tokenizer).examples[0]
+    assert whole.input_ids[-1] == tokenizer.eos_token_id and cut.input_ids == whole.input_ids[:-1]
 
 
 def test_token_ids_a_gateway_recorded_from_another_tokenizer_are_all_reported(tokenizer, tmp_path, scripted):

@@ -273,7 +273,7 @@ def test_cli_reports_recorded_tokens_that_do_not_re_render_and_trains_the_rest(m
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "1 examples" in text and "1 token_mismatch" in text
-    assert "1 recorded token sequence(s) differ from re-rendering and were not trained" in text
+    assert "1 recorded token sequence(s) decode to other text than re-rendering the call" in text
     assert "finish_reason length" in text
     data = json.loads((out / "metrics.json").read_text())["data"]
     assert data["mismatches"] == 1 and data["mismatch_examples"][0]["part"] == "prompt"
