@@ -28,6 +28,13 @@ class AuthError(OrchardError):
     status = 401
 
 
+class Forbidden(OrchardError):
+    """The key is valid but may not do this (an owner key acting for another owner, or on the server)."""
+
+    code = "forbidden"
+    status = 403
+
+
 class NotFound(OrchardError):
     """A sandbox, session or path does not exist."""
 
@@ -129,7 +136,7 @@ class IdempotencyConflict(OrchardError):
 
 ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
     cls.code: cls
-    for cls in (OrchardError, InvalidRequest, AuthError, NotFound, SandboxNotFound, PayloadTooLarge,
+    for cls in (OrchardError, InvalidRequest, AuthError, Forbidden, NotFound, SandboxNotFound, PayloadTooLarge,
                 DiskFull, ExecTimeout, SandboxLost, BackendError, PluginError, ModelError, ModelUnreachable,
                 ModelRateLimited, BudgetExceeded, CapacityExceeded, IdempotencyConflict)
 }

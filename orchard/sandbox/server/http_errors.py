@@ -9,7 +9,8 @@ ERROR_RESPONSES = {
     status: {"model": ErrorBody, "description": description}
     for status, description in {
         400: "invalid request (`invalid_request`)",
-        401: "missing or wrong API key (`unauthorized`)",
+        401: "missing, wrong or expired API key (`unauthorized`)",
+        403: "an owner key acting for another owner or on the server's settings (`forbidden`)",
         404: "no such sandbox (`sandbox_not_found`)",
         410: "the sandbox was deleted or lost (`sandbox_lost`)",
         409: "the idempotency key was used with another spec (`idempotency_conflict`)",
