@@ -21,6 +21,7 @@ from orchard.cli import image as image_cli
 from orchard.cli import model as model_cli
 from orchard.cli import report as report_cli
 from orchard.cli import sandbox as sandbox_cli
+from orchard.cli import serve_keys as serve_keys_cli
 from orchard.cli import study as study_cli
 from orchard.cli import train as train_cli
 from orchard.cli.sandbox import err, fail, out
@@ -64,8 +65,14 @@ def _pools_file(path: Path):
     except ValidationError as exc:
         raise InvalidRequest(f"pools file {path}: {describe_validation_errors(exc, 'pools')}") from None
 
-@app.command()
+serve_app = typer.Typer(name="serve")
+app.add_typer(serve_app, name="serve")
+serve_app.add_typer(serve_keys_cli.app, name="keys")
+
+
+@serve_app.callback(invoke_without_command=True)
 def serve(
+    ctx: typer.Context,
     host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 for every interface.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8700,
     backend: Annotated[Optional[str], typer.Option(
@@ -84,8 +91,14 @@ def serve(
              "config's model_gateway. See docs/networking.md.")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(
         envvar="ORCHARD_API_KEY_FILE", show_envvar=True, dir_okay=False,
-        help="File holding the key clients must send as 'Authorization: Bearer KEY' (or set ORCHARD_API_KEY). "
-             "Generated and printed once if neither is given.")] = None,
+        help="File holding the admin key clients send as 'Authorization: Bearer KEY' (or set ORCHARD_API_KEY): "
+             "it acts for any owner. Generated and printed once if neither is given.")] = None,
+    keys_file: Annotated[Optional[Path], typer.Option(
+        "--keys-file", envvar="ORCHARD_API_KEYS_FILE", show_envvar=True, dir_okay=False,
+        help="Owner API keys (default HOME/api-keys.json), managed with `orchard serve keys add|list|revoke`: "
+             "each key is bound to one owner, who sees and deletes only its own sandboxes under the key's cap, "
+             "whatever owner a request names. The file holds hashes only; changes apply without a restart.")
+    ] = None,
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", hidden=True, help="Refused: a key on the command line is visible to every user in ps.")
     ] = None,
@@ -115,7 +128,8 @@ def serve(
              "--home. Default: no cap.")] = None,
     max_sandboxes_per_owner: Annotated[Optional[int], typer.Option(
         envvar="ORCHARD_MAX_SANDBOXES_PER_OWNER", show_envvar=True, min=1,
-        help="Most live sandboxes of one owner (the API key's name, or the owner a create names). Default: no cap.")
+        help="Most live sandboxes of one owner (an owner key's owner; with the admin key, the owner a create "
+             "names, else 'default'). Default: no cap.")
     ] = None,
     max_creates_per_s: Annotated[Optional[float], typer.Option(
         envvar="ORCHARD_MAX_CREATES_PER_S", show_envvar=True, min=0.001,
@@ -130,17 +144,32 @@ def serve(
         envvar="ORCHARD_POOLS", show_envvar=True,
         help="Warm pools of pre-started sandboxes: a YAML or JSON file `pools: [{name, spec, min_ready, ...}]` "
              "(docs/pools.md). A create whose spec has a pool's template is claimed from it.")] = None,
+    max_connections: Annotated[Optional[int], typer.Option(
+        envvar="ORCHARD_MAX_CONNECTIONS", show_envvar=True, min=1,
+        help="Most client connections at once; at the cap a new one replaces the oldest idle one that never "
+             "authenticated. Default: half the file descriptors the process may open (at most 4096).")] = None,
+    request_timeout_s: Annotated[float, typer.Option(
+        envvar="ORCHARD_REQUEST_TIMEOUT_S", show_envvar=True, min=0.001,
+        help="How long a connection may take to send its next whole request (headers and body) before it is "
+             "closed.")] = 30.0,
 ) -> None:
     """Run the Orchard server: the REST API that creates, lists and deletes sandboxes (docs at /docs).
 
     Sandboxes outlive the server; a server restarted on the same --home takes them over again. A sandbox
     asking for more than a --max-* value is refused (400), as is one asking for a limit the backend cannot
     enforce. Over --max-sandboxes, --max-sandboxes-per-owner or --max-creates-per-s a create waits up to
-    --create-wait-s for a place, then is refused (429)."""
+    --create-wait-s for a place, then is refused (429).
+
+    Keys: the admin key (ORCHARD_API_KEY or --api-key-file) acts for any owner; owner keys
+    (`orchard serve keys add --owner NAME`) act for their owner only. Requests without a valid key are
+    refused (401) before their body is read."""
+    if ctx.invoked_subcommand is not None:  # `orchard serve keys ...`
+        return
     from orchard.sandbox.server.admission import CreateCaps
     from orchard.sandbox.server.home import resolve_home
     from orchard.sandbox.server.main import serve as run_server  # heavy imports only when serving
     from orchard.sandbox.server.spec_limits import spec_limits
+    from orchard.util.connection_guard import ConnectionLimits
 
     if api_key is not None:
         fail("--api-key is not accepted: a key on the command line is visible to every user of this machine "
@@ -154,6 +183,7 @@ def serve(
         caps = CreateCaps(max_sandboxes=max_sandboxes, max_sandboxes_per_owner=max_sandboxes_per_owner,
                           max_creates_per_s=max_creates_per_s, create_burst=create_burst, wait_s=create_wait_s)
         pools_config = _pools_file(pools) if pools is not None else None
+        connections = ConnectionLimits(max_connections=max_connections, idle_timeout_s=request_timeout_s)
     except OrchardError as exc:
         fail(str(exc), code=2)
     except ValidationError as exc:
@@ -170,7 +200,7 @@ def serve(
                   "set ORCHARD_API_KEY or pass --api-key-file to choose one.[/]")
     try:
         run_server(host=host, port=port, backend=config, api_key=key, home=home, log_level=log_level,
-                   limits=limits, caps=caps, pools=pools_config)
+                   limits=limits, caps=caps, pools=pools_config, api_keys_file=keys_file, connections=connections)
     except OrchardError as exc:
         fail(str(exc))
 

@@ -94,8 +94,10 @@ class Admission:
         self.closing = closing
         self.waiting = 0
 
-    async def admit(self, record: SandboxRecord, *, idempotency_key: str | None = None) -> Admitted:
-        """Insert `record` once the caps allow it, waiting up to `caps.wait_s`. Returns `admitted`, or
+    async def admit(self, record: SandboxRecord, *, idempotency_key: str | None = None,
+                    max_per_owner: int | None = None) -> Admitted:
+        """Insert `record` once the caps allow it, waiting up to `caps.wait_s`; `max_per_owner`: a cap of the
+        caller's own on its owner (an owner API key's), on top of the server's. Returns `admitted`, or
         `existing` with the sandbox an earlier create with this key made. Raises IdempotencyConflict for a
         key used with another spec, CapacityExceeded when no place came in time. No await follows a
         successful insert, so a cancelled caller never leaves an admitted record it does not know about."""
@@ -105,7 +107,7 @@ class Admission:
         member = record.info.pool is not None and record.info.pool.idle  # a pool member's start
         rules = AdmissionRules(
             live_states=self.live_states, max_sandboxes=caps.max_sandboxes,
-            max_per_owner=caps.max_sandboxes_per_owner, rate_per_s=caps.max_creates_per_s, rate_burst=caps.burst,
+            max_per_owner=self.owner_cap(max_per_owner), rate_per_s=caps.max_creates_per_s, rate_burst=caps.burst,
             idempotency_key=idempotency_key,
             fingerprint=spec_fingerprint(record.info.spec) if idempotency_key is not None else None,
             yield_to_waiting=member)
@@ -134,7 +136,8 @@ class Admission:
                 if at_server_cap:
                     self.relieve()
                 if remaining <= 0:
-                    raise CapacityExceeded(self._refusal(result, record.info.owner, time.monotonic() - started),
+                    raise CapacityExceeded(self._refusal(result, record.info.owner, time.monotonic() - started,
+                                                         rules.max_per_owner),
                                            retry_after_s=result.retry_after_s)
                 if not waiting:
                     waiting, self.waiting = True, self.waiting + 1
@@ -149,6 +152,11 @@ class Admission:
                 except Exception:  # the store closed (stopping): the row expires at its deadline anyway
                     pass
 
+    def owner_cap(self, key_cap: int | None) -> int | None:
+        """The per-owner cap of a create: the server's, or the caller's key's when that is lower."""
+        caps = [c for c in (self.caps.max_sandboxes_per_owner, key_cap) if c is not None]
+        return min(caps) if caps else None
+
     def stats(self) -> CapsStats:
         by_owner = self.store.count_by_owner(states=self.live_states)
         members = sum(n for owner, n in by_owner.items() if owner.startswith("pool:"))
@@ -156,7 +164,7 @@ class Admission:
                          waiting_at_server_cap=self.store.waiting_count(time.time()), pool_members=members,
                          caps=self.caps)
 
-    def _refusal(self, result: Admitted, owner: str, waited_s: float) -> str:
+    def _refusal(self, result: Admitted, owner: str, waited_s: float, owner_cap: int | None) -> str:
         caps = self.caps
         waited = f"waited {waited_s:.1f} s (wait_s={caps.wait_s:g}) and none freed up" if caps.wait_s else \
             "wait_s is 0, so it did not wait"
@@ -174,9 +182,11 @@ class Admission:
                     "Delete sandboxes you no longer need, retry later, or raise max_sandboxes "
                     "(orchard serve --max-sandboxes)")
         if cap == "owner":
-            return (f"owner {owner!r} is at its cap of {caps.max_sandboxes_per_owner} live sandboxes "
+            raise_it = ("raise max_sandboxes_per_owner (orchard serve --max-sandboxes-per-owner)"
+                        if owner_cap == caps.max_sandboxes_per_owner else "ask for a key with a higher cap")
+            return (f"owner {owner!r} is at its cap of {owner_cap} live sandboxes "
                     f"({result.live} now); the create {waited}. Delete some of your sandboxes, retry later, or "
-                    "raise max_sandboxes_per_owner (orchard serve --max-sandboxes-per-owner)")
+                    f"{raise_it}")
         retry = f"; retry in {result.retry_after_s:.2f} s" if result.retry_after_s is not None else ""
         return (f"creates are limited to {caps.max_creates_per_s:g} a second (bursts of {caps.burst:g}); the "
                 f"create {waited}{retry}, or raise max_creates_per_s (orchard serve --max-creates-per-s)")

@@ -28,13 +28,14 @@ _CLAIM_FAILED = "claim failed: "  # + why; the member was deleted
 
 
 async def claim_from(manager: "PoolManager", pool: "_Pool", spec: SandboxSpec, owner: str, started: float,
-                     idempotency_key: str | None, key: str, why_not: str | None = None,
-                     ) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
+                     idempotency_key: str | None, key: str, why_not: str | None = None, *,
+                     max_per_owner: int | None = None) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
     failed: list[str] = []
     while why_not is None and pool.idle:
         sandbox_id, since = pool.idle.popleft()
         manager.poke()
-        info, why_not = await hand_out(manager, pool, sandbox_id, spec, owner, started, idempotency_key)
+        info, why_not = await hand_out(manager, pool, sandbox_id, spec, owner, started, idempotency_key,
+                                       max_per_owner)
         if info is not None:
             pool.claims += 1
             return info, None
@@ -59,7 +60,8 @@ async def claim_from(manager: "PoolManager", pool: "_Pool", spec: SandboxSpec, o
     return None, SandboxPoolInfo(name=pool.spec.name, template=key, fallback_reason=why_not)
 
 async def hand_out(manager: "PoolManager", pool: "_Pool", sandbox_id: str, spec: SandboxSpec, owner: str,
-                   started: float, idempotency_key: str | None) -> tuple[SandboxInfo | None, str | None]:
+                   started: float, idempotency_key: str | None,
+                   max_per_owner: int | None = None) -> tuple[SandboxInfo | None, str | None]:
     store = manager.service.store
     record = store.get(sandbox_id)
     member = record.info.pool if record is not None else None
@@ -79,7 +81,7 @@ async def hand_out(manager: "PoolManager", pool: "_Pool", sandbox_id: str, spec:
     pool_owner = record.info.owner
     reowned = store.reown_within_cap(
         sandbox_id, from_owner=pool_owner, to_owner=owner, live_states=admission.live_states,
-        max_per_owner=admission.caps.max_sandboxes_per_owner, idempotency_key=idempotency_key,
+        max_per_owner=admission.owner_cap(max_per_owner), idempotency_key=idempotency_key,
         fingerprint=spec_fingerprint(spec) if idempotency_key is not None else None)
     if reowned.outcome != "reowned":
         return None, {"gone": None, "key_taken": _KEY_TAKEN, "over_cap": _OVER_CAP}[reowned.outcome]

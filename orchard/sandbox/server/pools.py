@@ -215,7 +215,7 @@ class PoolManager:
 
     async def claim(self, spec: SandboxSpec, *, owner: str, pool_name: str | None = None,
                     started: float | None = None, idempotency_key: str | None = None,
-                    ) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
+                    max_per_owner: int | None = None) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
         """(the claimed sandbox, None), or (None, what to record on the cold sandbox made instead: None when
         no pool matches, or when `idempotency_key` already names a sandbox: the normal create answers it).
         `started`: when the create began (time.monotonic())."""
@@ -226,7 +226,8 @@ class PoolManager:
         key = template_key(spec)
         if why_not is None and self._stopping:
             why_not = "the orchestrator is stopping"
-        return await claim_from(self, pool, spec, owner, started, idempotency_key, key, why_not)
+        return await claim_from(self, pool, spec, owner, started, idempotency_key, key, why_not,
+                                max_per_owner=max_per_owner)
 
     # --- making room for creates waiting at the server cap ---------------------------------------------------
 

@@ -161,12 +161,13 @@ class SandboxService:
 
     async def create(self, spec: SandboxSpec | dict, *, owner: str = "",
                      idempotency_key: str | None = None, pool: str | None = None,
-                     _pool_member: SandboxPoolInfo | None = None) -> SandboxInfo:
+                     max_per_owner: int | None = None, _pool_member: SandboxPoolInfo | None = None) -> SandboxInfo:
         """Create a sandbox and return it ready, with `agent_url` and `token`. On any failure nothing is
         left: the backend's sandbox is deleted and the record removed. Over a cap it waits (admission.py);
         with an `idempotency_key` this owner already used, it returns that create's sandbox instead (waiting
         for it while it is being created). A spec whose template matches a warm pool (or `pool`, a pool's
-        name) is claimed from it when it has a member started; else created cold, `info.pool` saying why."""
+        name) is claimed from it when it has a member started; else created cold, `info.pool` saying why.
+        `max_per_owner`: the caller's own cap on `owner`'s live sandboxes (an owner key's), with the server's."""
         started = time.monotonic()
         if _pool_member is None:
             check_caller_owner(owner)
@@ -176,7 +177,7 @@ class SandboxService:
         pooled = _pool_member
         if _pool_member is None and not self._closing:
             claimed, pooled = await self.pools.claim(spec, owner=owner, pool_name=pool, started=started,
-                                                     idempotency_key=idempotency_key)
+                                                     idempotency_key=idempotency_key, max_per_owner=max_per_owner)
             if claimed is not None:
                 return claimed
         while True:
@@ -189,7 +190,8 @@ class SandboxService:
             record = SandboxRecord(info=info, service_id=self.me.id)
             # The record exists before the backend makes anything: reconcile treats a sandbox the backend
             # runs without a record as an orphan. It is inserted only under the caps.
-            admitted = await self.admission.admit(record, idempotency_key=idempotency_key)
+            admitted = await self.admission.admit(record, idempotency_key=idempotency_key,
+                                                  max_per_owner=max_per_owner)
             if admitted.outcome == "admitted":
                 break
             existing = await self._created_with_key(str(admitted.sandbox_id), owner, str(idempotency_key))
