@@ -117,7 +117,9 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
+
+    from orchard.recipes.rl_trainer import OrchardGRPOTrainer
 
     suite = load_suite(config.suite)
     tasks = {task.id: task for task in select_tasks(suite, config.tasks)}
@@ -160,8 +162,8 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
                                                trial_s=config.agent_timeout_s + 1200)) as env:
             rollout_func = BarRolloutFunc(env=env, tasks=tasks, pad_id=tokenizer.pad_token_id,
                                           strategy=config.strategy, bar=config.bar, on_step=on_step)
-            trainer = GRPOTrainer(model=model, reward_funcs=[orchard_reward], args=args, train_dataset=dataset,
-                                  processing_class=tokenizer, rollout_func=rollout_func)
+            trainer = OrchardGRPOTrainer(model=model, reward_funcs=[orchard_reward], args=args, train_dataset=dataset,
+                                         processing_class=tokenizer, rollout_func=rollout_func)
             started = time.monotonic()
             trainer.train()
             elapsed = time.monotonic() - started  # rollouts included: they run inside the training step

@@ -4,10 +4,15 @@ TRL hands the function a batch in which each prompt (here: a task id) appears `n
 in a row and wants one completion per entry. For each such group the allocator (orchard.recipes.bar) runs
 real rollouts (`RolloutEnv`) until it has its group — BAR: G/2 positive and G/2 negative rollouts, or fewer
 balanced pairs at the budget, or none (retired: all-pass / all-fail); `fixed`: G rollouts; `dapo`: G
-rollouts, dropped if they all agree. The chosen rollouts fill the group's slots; a slot nothing fills is a
-placeholder (reward None, nothing trained), as is an infrastructure-error rollout, so neither moves the
-group's mean or standard deviation. Rollouts run concurrently (the env's `parallel`), and a failing
-rollout is recorded as an error of its prompt, never an exception of the step."""
+rollouts, dropped if they all agree. The chosen rollouts fill the group's slots. A task that gives no group
+(retired now or in an earlier step: the run keeps one `PromptHistory`) is replaced by the next task of the
+run's pool that is not retired (orchard.recipes.rl_task_pool), whose group fills those slots; a slot
+nothing fills — the pool exhausted — is a placeholder (reward None, nothing trained), as is an
+infrastructure-error rollout. Each sample carries its task's baseline: the mean and standard deviation of
+every graded rollout of that task in the step (`baseline_mean`, `baseline_std`), from which
+`OrchardGRPOTrainer` computes its advantage (orchard.recipes.rl_baseline). Rollouts run concurrently (the
+env's `parallel`), and a failing rollout is recorded as an error of its prompt, never an exception of the
+step."""
 
 from __future__ import annotations
 
@@ -20,8 +25,10 @@ from typing import Any
 
 from orchard.core.task import Task
 from orchard.recipes.bar import BarConfig, PromptHistory, Strategy, TrainingGroup, make_allocator
+from orchard.recipes.rl_baseline import MEAN_FIELD, STD_FIELD, TaskBaseline, task_baseline
 from orchard.recipes.rl_env import RolloutEnv
 from orchard.recipes.rl_samples import RolloutSample, placeholder, reward_of, rollout_sample
+from orchard.recipes.rl_task_pool import KeyedHistory, TaskPool
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,7 @@ class StepReport:
     placeholders: int = 0
     drifts: list[str] = field(default_factory=list)
     retired: dict[str, str] = field(default_factory=dict)
+    replaced: dict[str, str] = field(default_factory=dict)  # batch task id -> the pool task trained instead
     rewards: dict[str, list[float | None]] = field(default_factory=dict)  # task id -> rewards of its slots
     rollout_log: list[dict[str, Any]] = field(default_factory=list)  # every rollout, chosen for training or not
     rollout_s: float = 0.0
@@ -54,8 +62,10 @@ class BarRolloutFunc:
     bar: BarConfig | None = None
     history: PromptHistory | None = field(default_factory=PromptHistory)
     on_step: Callable[[StepReport], None] | None = None
+    replace: bool = True  # a task that gives no group is replaced by one from the pool (default: all `tasks`)
     reports: list[StepReport] = field(default_factory=list)
     last_output: dict[str, list] | None = None
+    pool: TaskPool | None = None  # default: `tasks`, in order
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         import time
@@ -68,7 +78,7 @@ class BarRolloutFunc:
         report = StepReport(step=len(self.reports) + 1)
         started = time.monotonic()
         chunks = _groups(prompts, group_size)
-        samples = self.env.call(self._run_groups(chunks, group_size, report))
+        samples, baselines = self.env.call(self._run_groups(chunks, group_size, report))
         report.rollout_s = time.monotonic() - started
         self.reports.append(report)
         if self.on_step is not None:
@@ -81,28 +91,36 @@ class BarRolloutFunc:
             "rollout_reward": [s.reward for s in samples],
             "task_id": [s.task_id for s in samples],
             "exit_status": [s.exit_status for s in samples],
+            MEAN_FIELD: [b.mean if b is not None else None for b in baselines],
+            STD_FIELD: [b.std if b is not None else None for b in baselines],
         }
         return self.last_output
 
-    async def _run_groups(self, chunks: list[tuple[str, list[int]]], group_size: int,
-                          report: StepReport) -> list[RolloutSample]:
+    async def _run_groups(self, chunks: list[tuple[str, list[int]]], group_size: int, report: StepReport
+                          ) -> tuple[list[RolloutSample], list[TaskBaseline | None]]:
         config = (self.bar or BarConfig()).model_copy(update={"group_size": group_size})
         history = self.history if self.strategy == "bar" else None
-        allocator = make_allocator(self.strategy, range(len(chunks)), batch_groups=len(chunks), config=config,
-                                   history=_ChunkHistory(history, chunks) if history is not None else None,
+        batch = [task_id for task_id, _ in chunks]
+        if self.pool is None:
+            self.pool = TaskPool(self.tasks)
+        candidates = self.pool.candidates(batch, history) if self.replace else []
+        keys = batch + candidates  # the allocator's prompt i is task keys[i]: the batch first, then the pool
+        allocator = make_allocator(self.strategy, range(len(keys)), batch_groups=len(chunks), config=config,
+                                   history=KeyedHistory(history, keys) if history is not None else None,
                                    max_active=len(chunks))
         samples: dict[Any, RolloutSample] = {}
+        graded: dict[int, list[float]] = {}  # every graded reward of each prompt this step: its baseline
         running: set[asyncio.Task] = set()
         while True:
             for request in allocator.next_requests():
-                task_id = chunks[request.prompt_id][0]
+                task = self.tasks[keys[request.prompt_id]]
                 for _ in range(request.count):
-                    running.add(asyncio.ensure_future(self._one(request.prompt_id, self.tasks[task_id])))
+                    running.add(asyncio.ensure_future(self._one(request.prompt_id, task)))
             if not running:
                 break
             finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for done in finished:
-                chunk, sample = done.result()
+                prompt, sample = done.result()
                 samples[sample.rollout_key] = sample
                 report.rollouts += 1
                 report.rollout_log.append({
@@ -112,15 +130,17 @@ class BarRolloutFunc:
                     "notes": sample.notes})
                 if sample.reward is None:
                     report.errors += 1
-                    allocator.record(chunk, rollout_id=sample.rollout_key,
+                    allocator.record(prompt, rollout_id=sample.rollout_key,
                                      error="; ".join(sample.notes) or str(sample.exit_status))
                 else:
-                    allocator.record(chunk, sample.reward, rollout_id=sample.rollout_key)
+                    graded.setdefault(prompt, []).append(sample.reward)
+                    allocator.record(prompt, sample.reward, rollout_id=sample.rollout_key)
                 if sample.drift:
                     report.drifts.append(f"{sample.rollout_key}: {sample.drift}")
-        groups = {group.prompt_id: group for group in allocator.groups()}
-        report.retired = {chunks[c][0]: reason for c, reason in allocator.retired().items()}
-        return self._fill(chunks, groups, samples, report)
+        self.pool.drew(candidates[:max(0, allocator.drawn - len(batch))])
+        report.retired = {keys[p]: reason for p, reason in allocator.retired().items()}
+        baselines = {prompt: task_baseline(rewards) for prompt, rewards in graded.items()}
+        return self._fill(chunks, keys, allocator.groups(), samples, baselines, report)
 
     async def _one(self, chunk: int, task: Task) -> tuple[int, RolloutSample]:
         key = f"rl-{len(self.reports) + 1}-{chunk}-{uuid.uuid4().hex[:8]}"
@@ -130,44 +150,39 @@ class BarRolloutFunc:
             log.warning("rollout %s recorded no token ids; masked", key)
         return chunk, sample
 
-    def _fill(self, chunks: list[tuple[str, list[int]]], groups: dict[Any, TrainingGroup],
-              samples: dict[Any, RolloutSample], report: StepReport) -> list[RolloutSample]:
+    def _fill(self, chunks: list[tuple[str, list[int]]], keys: list[str], groups: list[TrainingGroup],
+              samples: dict[Any, RolloutSample], baselines: dict[int, TaskBaseline | None], report: StepReport
+              ) -> tuple[list[RolloutSample], list[TaskBaseline | None]]:
+        """Each chunk's slots: its own task's group, else the next replacement group, else placeholders."""
+        own = {group.prompt_id: group for group in groups if group.prompt_id < len(chunks)}
+        spare = [group for group in groups if group.prompt_id >= len(chunks)]
         total = sum(len(positions) for _, positions in chunks)
         slots: list[RolloutSample | None] = [None] * total
+        slot_baselines: list[TaskBaseline | None] = [None] * total
         for chunk, (task_id, positions) in enumerate(chunks):
-            group = groups.get(chunk)
+            group = own.get(chunk) or (spare.pop(0) if spare else None)
             chosen = [samples[r.rollout_id] for r in group.rollouts] if group is not None else []
             chosen = [s for s in chosen if s.reward is not None]
+            trained_task = task_id
             if group is not None:
                 report.groups += 1
                 report.informative_groups += group.informative
+                trained_task = keys[group.prompt_id]
+                if group.prompt_id != chunk:
+                    report.replaced[task_id] = trained_task
             for position, sample in zip(positions, chosen + [None] * len(positions)):
                 if sample is None:
-                    sample = placeholder(self.pad_id, task_id=task_id, note="slot not filled by the allocator")
+                    sample = placeholder(self.pad_id, task_id=trained_task,
+                                         note="slot not filled: no task of the pool gave a group")
                     report.placeholders += 1
+                else:
+                    slot_baselines[position] = baselines.get(group.prompt_id)
                 slots[position] = sample
-            report.rewards[task_id] = [slots[p].reward for p in positions]
-        filled = [s for s in slots if s is not None]
-        report.trained_tokens = sum(s.trained_tokens for s in filled)
-        report.env_tokens = sum(len(s.env_mask) - s.trained_tokens for s in filled if s.reward is not None)
-        return filled
-
-
-class _ChunkHistory(PromptHistory):
-    """The run's history keyed by task id, seen by an allocator whose prompts are this batch's groups."""
-
-    def __init__(self, history: PromptHistory, chunks: list[tuple[str, list[int]]]) -> None:
-        super().__init__()
-        self._history, self._chunks = history, chunks
-
-    def get(self, prompt_id):
-        return self._history.get(self._chunks[prompt_id][0])
-
-    def is_retired(self, prompt_id) -> bool:
-        return self._history.is_retired(self._chunks[prompt_id][0])
-
-    def retired(self):
-        return self._history.retired()
+            report.rewards[trained_task] = [slots[p].reward for p in positions]
+        filled = [(s, b) for s, b in zip(slots, slot_baselines) if s is not None]
+        report.trained_tokens = sum(s.trained_tokens for s, _ in filled)
+        report.env_tokens = sum(len(s.env_mask) - s.trained_tokens for s, _ in filled if s.reward is not None)
+        return [s for s, _ in filled], [b for _, b in filled]
 
 
 def _groups(prompts: list[Any], group_size: int) -> list[tuple[str, list[int]]]:
