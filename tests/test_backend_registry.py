@@ -100,7 +100,7 @@ async def test_a_backend_config_object_runs_the_embedded_orchestrator(sandbox_ho
 
 
 def _orchard(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ORCHARD_HOME": str(home), "COLUMNS": "200", "ORCHARD_API_KEY": "k"}
+    env = {**os.environ, "ORCHARD_HOME": str(home), "COLUMNS": "400", "ORCHARD_API_KEY": "k"}  # rows on one line
     return subprocess.run([sys.executable, "-m", "orchard.cli.main", *args], capture_output=True, text=True,
                           timeout=60, env=env, stdin=subprocess.DEVNULL)
 

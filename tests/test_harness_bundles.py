@@ -113,7 +113,7 @@ async def test_sandboxes_without_bundles_have_no_harness_mount(backend):
 
 
 async def test_unknown_and_unbuilt_bundles_are_refused_before_anything_exists(backend):
-    with pytest.raises(InvalidRequest, match=r"unknown harness bundle 'nope'; known: .*kimi-cli.*tiny-test"):
+    with pytest.raises(InvalidRequest, match=r"unknown harness bundle 'nope'; available: .*kimi-cli.*tiny-test"):
         await backend.create("b1", SandboxSpec(bundles=["nope"]), secrets.token_hex(8))
     with pytest.raises(InvalidRequest, match=f"not built on this server.*orchard harness build {UNBUILT}"):
         await backend.create("b2", SandboxSpec(bundles=[TINY, UNBUILT]), secrets.token_hex(8))

@@ -62,10 +62,10 @@ def site(tmp_path, monkeypatch):
 def test_plugin_is_discovered_by_entry_point_and_runs(site):
     install_plugin(site, "orchard_test_echo", "orchard-echo-plugin", {"echo": "orchard_test_echo:EchoHarness"})
     info = next(i for i in list_harnesses() if i.name == "echo")
-    assert (info.source, info.distribution, info.distribution_version, info.version, info.target) == (
+    assert (info.source, info.distribution, info.distribution_version, info.detail, info.target) == (
         "plugin", "orchard-echo-plugin", "0.9.1", None, "orchard_test_echo:EchoHarness")  # nothing imported
     loaded = next(i for i in list_harnesses(load=True) if i.name == "echo")
-    assert loaded.version == get_harness("echo").version and loaded.problem is None
+    assert loaded.detail == get_harness("echo").version and loaded.problem is None
 
     harness = get_harness("echo", greeting="hi")
     assert isinstance(harness, Harness) and harness.version == "1.2.3"

@@ -84,7 +84,7 @@ def test_oracle_and_smollm2_are_registered_entry_points_and_listing_imports_noth
 
 def test_an_unknown_model_lists_the_available_ones():
     with pytest.raises(InvalidRequest, match=r"unknown model orchard/nope: Orchard's own models are oracle, "
-                                             r"smollm2 \(a package adds one .*'orchard\.models' group\)"):
+                                             r"smollm2 \(a package adds one .*'orchard\.models' group, or name your own class as module:Class\)"):
         registry.get_policy("nope")
     assert registry.policy_for_route("openai/gpt-4.1") is None
 
@@ -94,10 +94,10 @@ def test_an_unknown_model_lists_the_available_ones():
 def test_the_docs_example_plugin_is_listed_and_served_by_the_real_gateway(site):
     install_doc_example(site)
     info = next(m for m in registry.list_models() if m.name == "echo")
-    assert (info.source, info.distribution, info.target, info.description) == (
+    assert (info.source, info.distribution, info.target, info.detail) == (
         "plugin", "orchard-echo-model", "orchard_echo_model:EchoModel", None)  # nothing imported
     assert "orchard_echo_model" not in sys.modules
-    assert next(m for m in registry.list_models(load=True) if m.name == "echo").description.startswith("answers")
+    assert next(m for m in registry.list_models(load=True) if m.name == "echo").detail.startswith("answers")
 
     gateway = Gateway(GatewayConfig())  # no alias, no allow_any_model: the registry routes it
     assert "echo" in gateway.models()

@@ -4,10 +4,8 @@ enforce, and its config fields."""
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from orchard.cli.sandbox import out
+from orchard.cli.plugins import print_plugins
 
 app = typer.Typer(help="Sandbox backends: where `orchard serve --backend NAME` runs sandboxes.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -17,20 +15,8 @@ app = typer.Typer(help="Sandbox backends: where `orchard serve --backend NAME` r
 def list_command() -> None:
     """Every backend found through the `orchard.backends` entry points, with its capabilities (network
     modes, limits it enforces, image kinds) and the fields of its config (`orchard serve --backend-config`)."""
-    from orchard.core.errors import OrchardError
-    from orchard.sandbox.backends.registry import available_backends, backend_class, capabilities_of
+    from orchard.core.backend import ENTRY_POINT_GROUP
+    from orchard.sandbox.backends.registry import list_backends
 
-    table = Table(title="backends")
-    for column in ("name", "network modes", "limits", "images", "config fields"):
-        table.add_column(column, overflow="fold")
-    for name in available_backends():
-        try:
-            cls = backend_class(name)
-            caps = capabilities_of(name)
-        except OrchardError as exc:
-            table.add_row(escape(name), f"[red]cannot load: {escape(str(exc))}[/]", "", "", "")
-            continue
-        fields = ", ".join(f for f in cls.Config.model_fields if f != "backend")
-        table.add_row(escape(name), ", ".join(sorted(caps.network_modes)), ", ".join(sorted(caps.limits)),
-                      ", ".join(sorted(caps.image_kinds)), escape(fields))
-    out.print(table)
+    print_plugins(list_backends(), title="backends", kind="backend", group=ENTRY_POINT_GROUP,
+                  guide="docs/writing-a-backend.md", detail="capabilities and config fields")

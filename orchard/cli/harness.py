@@ -10,7 +10,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from orchard.cli.plugins import print_plugins
 from orchard.cli.sandbox import err, fail, out
@@ -25,13 +24,7 @@ def list_command() -> None:
     from orchard.core.harness import ENTRY_POINT_GROUP, list_harnesses
 
     print_plugins(list_harnesses(load=True), title="harnesses", kind="harness", group=ENTRY_POINT_GROUP,
-                  guide="docs/harness-adapters.md", detail="version", detail_of=_version)
-
-
-def _version(info) -> str:
-    if info.problem:
-        return f"[red]cannot import: {escape(info.problem)}[/]"
-    return escape(info.version or "")
+                  guide="docs/harness-adapters.md", detail="version")
 
 
 CacheOption = Annotated[Optional[Path], typer.Option(
@@ -115,25 +108,23 @@ def lock_command(
 def bundles_command(cache_dir: CacheOption = None) -> None:
     """Every registered harness bundle (built in or from a plugin) and whether it is built here."""
     from orchard.core.errors import OrchardError
-    from orchard.core.harness_bundle import BUNDLE_ENTRY_POINT_GROUP, bundle_spec_names, get_bundle_spec
+    from orchard.core.harness_bundle import BUNDLE_ENTRY_POINT_GROUP, BUNDLES, get_bundle_spec
     from orchard.sandbox.bundle import default_cache_dir
     from orchard.sandbox.harness_bundles.store import read_built
 
     cache = cache_dir or default_cache_dir()
-    table = Table(title="harness bundles")
-    for column in ("name", "python", "requirements", "built"):
-        table.add_column(column, overflow="fold")
-    for name in bundle_spec_names():
+    infos = []
+    for entry in BUNDLES.entries():
         try:
-            spec = get_bundle_spec(name)
+            spec = get_bundle_spec(entry.name)
         except OrchardError as exc:
-            table.add_row(escape(name), "", "", f"[red]{escape(str(exc))}[/]")
+            infos.append(BUNDLES.info(entry, problem=str(exc)))
             continue
         built = read_built(cache, spec)
-        state = (f"[green]yes[/] ({built.manifest.size_bytes / 1e6:.0f} MB)" if built
-                 else f"no: orchard harness build {escape(name)}")
-        table.add_row(escape(name), spec.python, escape(" ".join(spec.requirements + spec.debian_packages)), state)
-    out.print(table)
-    if not bundle_spec_names():
-        out.print(f"no harness bundle is registered: a package adds one with an entry point in the "
-                  f"{BUNDLE_ENTRY_POINT_GROUP!r} group (see docs/harness-bundles.md)")
+        state = (f"built ({built.manifest.size_bytes / 1e6:.0f} MB)" if built
+                 else f"not built: orchard harness build {entry.name}")
+        detail = f"Python {spec.python}; {' '.join(spec.requirements + spec.debian_packages)}; {state}"
+        infos.append(BUNDLES.info(entry, detail=detail))
+    print_plugins(sorted(infos, key=lambda info: info.name), title="harness bundles", kind="harness bundle",
+                  group=BUNDLE_ENTRY_POINT_GROUP, guide="docs/harness-bundles.md",
+                  detail="python; requirements; built here")

@@ -21,10 +21,4 @@ def list_command() -> None:
     from orchard.policies.registry import list_models
 
     print_plugins(list_models(load=True), title="models", kind="model", group=ENTRY_POINT_GROUP, guide="docs/models.md",
-                  detail="description", detail_of=_description)
-
-
-def _description(info) -> str:
-    if info.problem:
-        return f"[red]cannot load: {escape(info.problem)}[/]"
-    return escape(info.description or "")
+                  detail="description")

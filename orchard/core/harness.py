@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import inspect
 import time
-from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version as distribution_version
+from importlib.metadata import EntryPoint, PackageNotFoundError, version as distribution_version
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from orchard.core.errors import InvalidRequest, PluginError
+from orchard.core.plugins import BUILTIN_DISTRIBUTION, PluginInfo, Registry, check_name
 from orchard.core.sandbox import Sandbox
 from orchard.core.task import Task
 from orchard.core.trajectory import Trajectory
 
 ENTRY_POINT_GROUP = "orchard.harnesses"
-BUILTIN_DISTRIBUTION = "orchard"
 ROLLOUT_KEY_HEADER = "X-Orchard-Rollout-Key"
 
 
@@ -115,44 +115,31 @@ async def setup_harness(harness: Harness, task: Task, sandbox: Sandbox) -> bool:
     return True
 
 
-class HarnessInfo(BaseModel):
-    name: str
-    source: Literal["builtin", "plugin"]
-    distribution: str | None = Field(description="the installed package that registers it")
-    distribution_version: str | None = Field(description="that package's version")
-    version: str | None = Field(
-        default=None, description="the harness's own `version`, as its trajectories record it (needs an import)")
-    problem: str | None = Field(default=None, description="why the harness could not be imported")
-    target: str = Field(description="the entry point's `module:attr`")
+HARNESSES = Registry("harness", ENTRY_POINT_GROUP, "docs/harness-adapters.md")
 
 
-def list_harnesses(*, load: bool = False) -> list[HarnessInfo]:
-    """Every registered harness. With `load`, each is imported to read its own `version` (the one its
-    trajectories record and the evaluator's resume key holds); without, nothing is imported."""
-    infos = [_info(entry, load=load) for entry in entry_points(group=ENTRY_POINT_GROUP)]
+def list_harnesses(*, load: bool = False) -> list[PluginInfo]:
+    """Every registered harness. With `load`, each is imported to read its own `version` (`detail`: the one
+    its trajectories record and the evaluator's resume key holds); without, nothing is imported."""
+    infos = []
+    for entry in HARNESSES.entries():
+        version, problem = None, None
+        if load:
+            try:
+                version = str(entry.load().version)
+            except Exception as exc:  # a plugin's import can fail in any way: listed with the reason
+                problem = f"{type(exc).__name__}: {exc}"
+        infos.append(HARNESSES.info(entry, detail=version, problem=problem))
     return sorted(infos, key=lambda info: (info.name, info.distribution or ""))
 
 
 def get_harness(name: str, /, **options: Any) -> Harness:
-    """The harness registered as `name`, created with `options` (its class's or factory's arguments)."""
-    matches = [entry for entry in entry_points(group=ENTRY_POINT_GROUP) if entry.name == name]
-    if not matches:
-        available = sorted({entry.name for entry in entry_points(group=ENTRY_POINT_GROUP)})
-        raise InvalidRequest(
-            f"unknown harness {name!r}; available: {', '.join(available) or 'none'} (a plugin adds one by "
-            f"registering an entry point in the {ENTRY_POINT_GROUP!r} group)")
-    if len(matches) > 1:
-        owners = ", ".join(sorted(f"{_distribution(entry)} ({entry.value})" for entry in matches))
-        raise PluginError(f"harness {name!r} is registered by more than one package: {owners}; "
-                          "uninstall all but one")
-    entry = matches[0]
-    where = f"harness {name!r} ({entry.value}, from {_distribution(entry)})"
-    try:
-        target = entry.load()
-    except Exception as exc:  # a plugin's import can fail in any way; report which plugin and why
-        raise PluginError(f"{where} failed to import: {type(exc).__name__}: {exc}") from exc
+    """The harness registered as `name` (or named by its import path `module:Class`), created with `options`
+    (its class's or factory's arguments)."""
+    target, entry = HARNESSES.load(name)
+    where = HARNESSES.where(entry)
     harness = _instantiate(target, options, where)
-    _check(harness, name, where)
+    _check(harness, entry, where)
     return harness
 
 
@@ -170,30 +157,8 @@ def _instantiate(target: Any, options: dict[str, Any], where: str) -> Any:
     return target
 
 
-def _check(harness: Any, name: str, where: str) -> None:
+def _check(harness: Any, entry: EntryPoint, where: str) -> None:
     if not isinstance(harness, Harness) or not inspect.iscoroutinefunction(harness.run):
         raise PluginError(f"{where} is not a Harness: it needs `name`, `version` and `async def run(task, "
                           f"sandbox, model)`; got {type(harness).__name__}")
-    if harness.name != name:
-        raise PluginError(f"{where} calls itself {harness.name!r}; its entry point name and its `name` must "
-                          "match, since trajectories record the name")
-
-
-def _distribution(entry: EntryPoint) -> str | None:
-    return entry.dist.name if entry.dist is not None else None
-
-
-def _info(entry: EntryPoint, *, load: bool) -> HarnessInfo:
-    distribution = _distribution(entry)
-    version, problem = None, None
-    if load:
-        try:
-            version = str(entry.load().version)
-        except Exception as exc:  # a plugin's import can fail in any way: listed with the reason
-            problem = f"{type(exc).__name__}: {exc}"
-    return HarnessInfo(
-        name=entry.name,
-        source="builtin" if distribution == BUILTIN_DISTRIBUTION else "plugin",
-        distribution=distribution,
-        distribution_version=entry.dist.version if entry.dist is not None else None,
-        version=version, problem=problem, target=entry.value)
+    check_name(HARNESSES, entry, harness.name)

@@ -9,12 +9,12 @@ adapter and nothing is imported by name."""
 from __future__ import annotations
 
 import re
-from importlib.metadata import entry_points
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchard.core.errors import InvalidRequest, PluginError
+from orchard.core.plugins import Registry, check_name
 from orchard.core.sandbox import BUNDLE_NAME_PATTERN, HARNESS_MOUNT_ROOT
 
 BUNDLE_ENTRY_POINT_GROUP = "orchard.harness_bundles"
@@ -97,33 +97,21 @@ def lock_pins(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
+BUNDLES = Registry("harness bundle", BUNDLE_ENTRY_POINT_GROUP, "docs/harness-bundles.md")
+
+
 def bundle_spec_names() -> list[str]:
     """Every registered bundle's name (nothing is imported)."""
-    return sorted({entry.name for entry in entry_points(group=BUNDLE_ENTRY_POINT_GROUP)})
+    return BUNDLES.names()
 
 
 def get_bundle_spec(name: str) -> HarnessBundleSpec:
-    """The spec registered as `name`; InvalidRequest naming the known ones when there is none."""
-    matches = [entry for entry in entry_points(group=BUNDLE_ENTRY_POINT_GROUP) if entry.name == name]
-    if not matches:
-        known = ", ".join(bundle_spec_names()) or "none"
-        raise InvalidRequest(f"unknown harness bundle {name!r}; known: {known} (a plugin adds one with an entry "
-                             f"point in the {BUNDLE_ENTRY_POINT_GROUP!r} group, see docs/harness-bundles.md)")
-    if len({entry.value for entry in matches}) > 1:
-        raise PluginError(f"harness bundle {name!r} is registered more than once: "
-                          f"{', '.join(sorted(entry.value for entry in matches))}; uninstall all but one")
-    entry = matches[0]
-    try:
-        target: Any = entry.load()
-    except Exception as exc:  # a plugin's import can fail in any way: say which and why
-        raise PluginError(f"harness bundle {name!r} ({entry.value}) failed to import: "
-                          f"{type(exc).__name__}: {exc}") from exc
+    """The spec registered as `name` (or named by import path `module:SPEC`); InvalidRequest naming the known
+    ones when there is none."""
+    target, entry = BUNDLES.load(name)
     spec = target() if callable(target) and not isinstance(target, HarnessBundleSpec) else target
     if not isinstance(spec, HarnessBundleSpec):
-        raise PluginError(f"harness bundle {name!r} ({entry.value}) is not a HarnessBundleSpec "
-                          f"(got {type(spec).__name__})")
-    if spec.name != name:
-        raise PluginError(f"harness bundle {name!r} ({entry.value}) calls itself {spec.name!r}; the entry point "
-                          "name and the spec's name must match")
+        raise PluginError(f"{BUNDLES.where(entry)} is not a HarnessBundleSpec (got {type(spec).__name__})")
+    check_name(BUNDLES, entry, spec.name)
     return spec
 

@@ -11,68 +11,43 @@ arguments, or a ready instance)."""
 from __future__ import annotations
 
 import inspect
-import sys
 import threading
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from importlib.metadata import EntryPoint
+from typing import Any
 
 from orchard.core.errors import InvalidRequest, PluginError
+from orchard.core.plugins import PluginInfo, Registry, check_name, is_import_path
 from orchard.core.policy import ENTRY_POINT_GROUP, PROVIDER_PREFIX, Completion, Policy
 from orchard.policies import live
 
-BUILTIN_DISTRIBUTION = "orchard"
 LIVE_DESCRIPTION = "served at run time (orchard.policies.live)"
 
-_scan_lock = threading.Lock()
-_scanned: tuple[tuple[str, ...], tuple[EntryPoint, ...]] | None = None
+MODELS = Registry("model", ENTRY_POINT_GROUP, "docs/models.md", cached=True)
 _loaded: dict[tuple[str, str, str], Policy] = {}
 _load_lock = threading.Lock()
 
 
-class ModelInfo(BaseModel):
-    name: str
-    source: Literal["builtin", "plugin", "live"]
-    distribution: str | None = Field(default=None, description="the installed package that registers it")
-    distribution_version: str | None = Field(default=None, description="that package's version")
-    description: str | None = Field(default=None, description="the policy's own description (needs an import)")
-    problem: str | None = Field(default=None, description="why the policy could not be loaded")
-    target: str | None = Field(default=None, description="the entry point's `module:attr` (none if live)")
-
-
-def _entries() -> tuple[EntryPoint, ...]:
-    global _scanned
-    key = tuple(sys.path)
-    with _scan_lock:
-        if _scanned is None or _scanned[0] != key:
-            _scanned = (key, tuple(entry_points(group=ENTRY_POINT_GROUP)))
-        return _scanned[1]
-
-
 def refresh() -> None:
     """Scan the entry points again (a package installed into this process's paths since the last scan)."""
-    global _scanned
-    with _scan_lock:
-        _scanned = None
+    MODELS.refresh()
 
 
 def model_names() -> list[str]:
     """Every model's name, registered or served at run time, without importing any."""
-    return sorted({entry.name for entry in _entries()} | set(live.names()))
+    return sorted(set(MODELS.names()) | set(live.names()))
 
 
 def registered_names() -> set[str]:
     """The names registered as entry points (a live policy may not take one)."""
-    return {entry.name for entry in _entries()}
+    return set(MODELS.names())
 
 
-def list_models(*, load: bool = False) -> list[ModelInfo]:
-    """Every model. With `load`, each is loaded to read its description (a plugin that fails to load is
-    listed with the reason); without, nothing is imported."""
-    infos = [_info(entry, load=load) for entry in _entries()]
-    infos += [ModelInfo(name=name, source="live", description=LIVE_DESCRIPTION) for name in live.names()]
+def list_models(*, load: bool = False) -> list[PluginInfo]:
+    """Every model. With `load`, each is loaded to read its description (`detail`; a plugin that fails to
+    load is listed with the reason); without, nothing is imported."""
+    infos = [_info(entry, load=load) for entry in MODELS.entries()]
+    infos += [PluginInfo(kind="model", name=name, source="live", detail=LIVE_DESCRIPTION) for name in live.names()]
     return sorted(infos, key=lambda info: (info.name, info.distribution or ""))
 
 
@@ -81,20 +56,16 @@ def get_policy(name: str) -> Policy:
     served = live.get(name)
     if served is not None:
         return served if isinstance(served, Policy) else _Served(name, served)
-    matches = [entry for entry in _entries() if entry.name == name]
-    if not matches:
+    if not is_import_path(name) and name not in MODELS.names():
         raise InvalidRequest(f"unknown model {PROVIDER_PREFIX}{name}: Orchard's own models are "
                              f"{', '.join(model_names()) or 'none'} (a package adds one with an entry point in "
-                             f"the {ENTRY_POINT_GROUP!r} group)")
-    if len(matches) > 1:
-        owners = ", ".join(sorted(f"{_distribution(entry)} ({entry.value})" for entry in matches))
-        raise PluginError(f"model {name!r} is registered by more than one package: {owners}; uninstall all but one")
-    entry = matches[0]
-    key = (entry.name, entry.value, _location(entry))
+                             f"the {ENTRY_POINT_GROUP!r} group, or name your own class as module:Class)")
+    entry = MODELS.entry(name)  # refuses a name two packages register
+    key = (name, entry.value, _location(entry))
     with _load_lock:
         policy = _loaded.get(key)
         if policy is None:
-            policy = _loaded[key] = _load(entry)
+            policy = _loaded[key] = _load(name)
     return policy
 
 
@@ -127,12 +98,9 @@ def withdraw_live(name: str) -> None:
 
 # --- loading -------------------------------------------------------------------------------------------
 
-def _load(entry: EntryPoint) -> Policy:
-    where = f"model {entry.name!r} ({entry.value}, from {_distribution(entry)})"
-    try:
-        target = entry.load()
-    except Exception as exc:  # a plugin's import can fail in any way; report which plugin and why
-        raise PluginError(f"{where} failed to import: {type(exc).__name__}: {exc}") from exc
+def _load(name: str) -> Policy:
+    target, entry = MODELS.load(name)
+    where = MODELS.where(entry)
     policy: Any = target
     if inspect.isclass(target) or (callable(target) and not isinstance(target, Policy)):
         try:
@@ -142,32 +110,22 @@ def _load(entry: EntryPoint) -> Policy:
     if not isinstance(policy, Policy) or not callable(policy.complete):
         raise PluginError(f"{where} is not a Policy: it needs `name`, `description`, `blocking` and "
                           f"`complete(messages, tools, params, *, rollout_key, timeout_s)`; got {type(policy).__name__}")
-    if policy.name != entry.name:
-        raise PluginError(f"{where} calls itself {policy.name!r}; its entry point name and its `name` must match, "
-                          "since calls are recorded under the name")
+    check_name(MODELS, entry, policy.name)
     return policy
-
-
-def _distribution(entry: EntryPoint) -> str | None:
-    return entry.dist.name if entry.dist is not None else None
 
 
 def _location(entry: EntryPoint) -> str:
     return str(entry.dist.locate_file("")) if entry.dist is not None else ""
 
 
-def _info(entry: EntryPoint, *, load: bool) -> ModelInfo:
-    distribution = _distribution(entry)
+def _info(entry: EntryPoint, *, load: bool) -> PluginInfo:
     description, problem = None, None
     if load:
         try:
             description = get_policy(entry.name).description
         except Exception as exc:  # a plugin's import can fail in any way: listed with the reason
             problem = f"{type(exc).__name__}: {exc}"
-    return ModelInfo(
-        name=entry.name, source="builtin" if distribution == BUILTIN_DISTRIBUTION else "plugin",
-        distribution=distribution, distribution_version=entry.dist.version if entry.dist is not None else None,
-        description=description, problem=problem, target=entry.value)
+    return MODELS.info(entry, detail=description, problem=problem)
 
 
 @dataclass(frozen=True)

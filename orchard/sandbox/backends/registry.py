@@ -5,40 +5,51 @@ too, in pyproject.toml). Listing names imports nothing; a backend's module (and 
 from __future__ import annotations
 
 import os
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, Mapping
 
 from pydantic import ValidationError
 
 from orchard.core.backend import ENTRY_POINT_GROUP, Backend, BackendCapabilities, BackendConfig, BackendPlugin
-from orchard.core.errors import InvalidRequest, describe_validation_errors
+from orchard.core.errors import InvalidRequest, OrchardError, PluginError, describe_validation_errors
+from orchard.core.plugins import PluginInfo, Registry, check_name, is_import_path
 
 
-def _entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+BACKENDS = Registry("backend", ENTRY_POINT_GROUP, "docs/writing-a-backend.md")
 
 
 def available_backends() -> list[str]:
-    return sorted(_entry_points())
+    return BACKENDS.names()
 
 
 def backend_class(name: str) -> type[BackendPlugin]:
-    """The registered class of backend `name`; InvalidRequest naming the available ones when unknown."""
-    ep = _entry_points().get(name)
-    if ep is None:
-        raise InvalidRequest(f"unknown backend {name!r}; available: {', '.join(available_backends())} "
-                             f"(a third-party backend registers in the entry-point group {ENTRY_POINT_GROUP!r})")
-    try:
-        cls = ep.load()
-    except ImportError as exc:
-        raise InvalidRequest(f"the {name} backend cannot be loaded ({exc}); install what it needs "
-                             f"(e.g. pip install 'orchard[{name}]')") from exc
+    """The class of backend `name` (a registered name or an import path `module:Class`): InvalidRequest naming
+    the available ones when unknown, PluginError when it cannot be loaded or is no backend."""
+    cls, entry = BACKENDS.load(name, hint=f"install what it needs (e.g. pip install 'orchard[{name}]')")
     for attr in ("Config", "from_config", "name"):
         if not hasattr(cls, attr):
-            raise InvalidRequest(f"backend {name!r} ({ep.value}) is not a backend plug-in: it has no {attr!r} "
-                                 "(see docs/writing-a-backend.md)")
+            raise PluginError(f"{BACKENDS.where(entry)} is not a backend plug-in: it has no {attr!r} (see "
+                              "docs/writing-a-backend.md)")
+    check_name(BACKENDS, entry, cls.name)
+    if is_import_path(name):  # its config records its own name: find it by that from now on
+        BACKENDS.remember(entry, cls.name)
     return cls
+
+
+def list_backends(home: Path | None = None) -> list[PluginInfo]:
+    """Every registered backend with what it enforces and its config fields (each is loaded)."""
+    infos = []
+    for entry in BACKENDS.entries():
+        try:
+            cls, caps = backend_class(entry.name), capabilities_of(entry.name, home)
+        except OrchardError as exc:
+            infos.append(BACKENDS.info(entry, problem=str(exc)))
+            continue
+        fields = ", ".join(f for f in cls.Config.model_fields if f != "backend")
+        infos.append(BACKENDS.info(entry, detail=(
+            f"network: {', '.join(sorted(caps.network_modes))}; limits: {', '.join(sorted(caps.limits))}; "
+            f"images: {', '.join(sorted(caps.image_kinds))}; config: {fields}")))
+    return sorted(infos, key=lambda info: info.name)
 
 
 def backend_config(name: str, home: Path, *, environ: Mapping[str, str] | None = None,
@@ -55,9 +66,11 @@ def parse_backend_config(data: Mapping[str, Any], home: Path, *,
     if not isinstance(name, str):
         raise InvalidRequest("a backend config needs a 'backend' field naming one of: "
                              f"{', '.join(available_backends())}")
-    config_cls = backend_class(name).Config  # `backend` is the discriminator: it picks the config class
+    cls = backend_class(name)
+    config_cls = cls.Config  # `backend` is the discriminator: it picks the config class
     defaults = config_cls.from_env(home, os.environ if environ is None else environ)
-    return _validated(config_cls, {**defaults.model_dump(), **data}, f"the {name} backend's config")
+    return _validated(config_cls, {**defaults.model_dump(), **data, "backend": cls.name},
+                      f"the {name} backend's config")
 
 
 def _validated(config_cls: type[BackendConfig], data: dict[str, Any], what: str) -> BackendConfig:
