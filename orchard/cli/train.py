@@ -208,6 +208,12 @@ def rl(
              "scored by the policy, so a group holds a success even where the policy never solves the task.")
     ] = None,
     guide_every: Annotated[int, typer.Option(help="With --guide: guide every N-th rollout of each task.")] = 2,
+    guide_gamma: Annotated[float, typer.Option(
+        help="With --guide: a guided token's loss is -A * p/(p + gamma) (LUFFY's policy shaping).")] = 0.1,
+    importance_sampling: Annotated[bool, typer.Option(
+        help="Weight each sampled token by min(pi_trainer/pi_sampler, --importance-sampling-cap) from the "
+             "logprobs the gateway recorded (truncated IS: a stale or different sampler).")] = True,
+    importance_sampling_cap: Annotated[float, typer.Option(help="C of truncated importance sampling.")] = 3.0,
     vllm_url: Annotated[Optional[str], typer.Option(
         help="Sample the policy from this vLLM OpenAI server (e.g. http://127.0.0.1:8000/v1) instead of "
              "in-process generation, prompts sent as token ids; --vllm-model names its model.")] = None,
@@ -230,7 +236,8 @@ def rl(
                           num_generations=generations, tasks_per_step=tasks_per_step, strategy=strategy,
                           parallel=parallel, learning_rate=learning_rate, temperature=temperature, seed=seed,
                           vllm_url=vllm_url, vllm_model=vllm_model, vllm_sync=vllm_sync,
-                          guide=guide, guide_every=guide_every,
+                          guide=guide, guide_every=guide_every, guide_gamma=guide_gamma,
+                          importance_sampling=importance_sampling, importance_sampling_cap=importance_sampling_cap,
                           bar=BarConfig(retire_after=retire_after, max_rollouts=max_rollouts))
     except ValueError as exc:
         fail(str(exc), code=2)

@@ -15,6 +15,7 @@ endpoint as token ids, so the trainer gets exactly the ids vLLM sampled. `policy
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -31,6 +32,8 @@ from orchard.recipes.bar import BarConfig, Strategy
 from orchard.recipes.rl_env import RolloutEnv
 from orchard.recipes.rl_policy import Forced, TrainingPolicy
 from orchard.recipes.rl_rollout_func import BarRolloutFunc, StepReport, orchard_reward
+
+log = logging.getLogger(__name__)
 
 TINY_MODEL = "tiny-qwen3"  # a random-init tiny Qwen3 with SmolLM2's tokenizer (tests, smoke runs)
 
@@ -59,6 +62,14 @@ class RLConfig(BaseModel):
         default=None, description="oracle: every `guide_every`-th rollout of a task plays the oracle's replies, "
                                   "scored by the policy (orchard.recipes.rl_guide), so a group can hold a success")
     guide_every: int = Field(default=2, ge=1)
+    guide_gamma: float = Field(default=0.1, gt=0, description="guided tokens' loss is -A * p/(p + gamma), LUFFY's "
+                                                              "policy shaping (orchard.recipes.rl_offpolicy)")
+    importance_sampling: bool = Field(
+        default=True, description="weight each sampled token by min(pi_trainer/pi_sampler, "
+                                  "importance_sampling_cap), pi_sampler from the logprobs the gateway recorded "
+                                  "(truncated IS; off at a temperature other than 1, where the recorded logprobs "
+                                  "are not the tempered sampler's)")
+    importance_sampling_cap: float = Field(default=3.0, gt=0, description="C of truncated IS (TRL's default)")
     policy_route: ModelRoute | None = Field(
         default=None, description="serve the policy from this gateway route (e.g. a vLLM server) instead of "
                                   "in-process generation (chat text in; prefer vllm_url for a vLLM server)")
@@ -132,7 +143,7 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
         if config.policy_route is not None:
             raise InvalidRequest("--guide needs the in-process policy or a vLLM server (--vllm-url): it dictates "
                                  "the policy's replies and has them scored; a chat route cannot score them")
-        from orchard.recipes.rl_guide import OracleGuide
+        from orchard.recipes.rl_guide import GUIDED, OracleGuide
 
         forced = guide = OracleGuide(tasks.values(), every=config.guide_every)
         on_step = _marking_guided(guide, on_step)
@@ -148,12 +159,18 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
         policy = TrainingPolicy(model, tokenizer, forced=forced) if config.policy_route is None else None
     sampling = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=None)
     batch = config.tasks_per_step * config.num_generations
+    correct = config.importance_sampling and config.temperature == 1.0
+    if config.importance_sampling and not correct:
+        log.warning("importance sampling is off: the gateway records untempered logprobs, so at temperature %g "
+                    "the ratio would measure the temperature, not the sampler's lag", config.temperature)
     args = GRPOConfig(
         output_dir=str(config.out), per_device_train_batch_size=batch, gradient_accumulation_steps=1,
         num_generations=config.num_generations, max_steps=config.max_steps, learning_rate=config.learning_rate,
         temperature=config.temperature, beta=0.0, logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=not torch.cuda.is_available(), seed=config.seed, max_completion_length=1 << 16,
-        disable_tqdm=True)
+        disable_tqdm=True, vllm_importance_sampling_correction=correct,  # applied by OrchardGRPOTrainer
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=config.importance_sampling_cap)
     dataset = Dataset.from_list([{"prompt": task_id} for task_id in tasks])
     try:
         with RolloutEnv(policy, harness=config.harness, harness_options=config.harness_options, sampling=sampling,
@@ -161,9 +178,11 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
                         timeouts=TrialTimeouts(agent_s=config.agent_timeout_s,
                                                trial_s=config.agent_timeout_s + 1200)) as env:
             rollout_func = BarRolloutFunc(env=env, tasks=tasks, pad_id=tokenizer.pad_token_id,
-                                          strategy=config.strategy, bar=config.bar, on_step=on_step)
+                                          strategy=config.strategy, bar=config.bar, on_step=on_step,
+                                          guided=(lambda key: guide.role(key) == GUIDED) if guide else None)
             trainer = OrchardGRPOTrainer(model=model, reward_funcs=[orchard_reward], args=args, train_dataset=dataset,
-                                         processing_class=tokenizer, rollout_func=rollout_func)
+                                         processing_class=tokenizer, rollout_func=rollout_func,
+                                         policy_shaping_gamma=config.guide_gamma)
             started = time.monotonic()
             trainer.train()
             elapsed = time.monotonic() - started  # rollouts included: they run inside the training step

@@ -27,6 +27,7 @@ from orchard.core.task import Task
 from orchard.recipes.bar import BarConfig, PromptHistory, Strategy, TrainingGroup, make_allocator
 from orchard.recipes.rl_baseline import MEAN_FIELD, STD_FIELD, TaskBaseline, task_baseline
 from orchard.recipes.rl_env import RolloutEnv
+from orchard.recipes.rl_offpolicy import GUIDED_FIELD
 from orchard.recipes.rl_samples import RolloutSample, placeholder, reward_of, rollout_sample
 from orchard.recipes.rl_task_pool import KeyedHistory, TaskPool
 
@@ -66,6 +67,7 @@ class BarRolloutFunc:
     reports: list[StepReport] = field(default_factory=list)
     last_output: dict[str, list] | None = None
     pool: TaskPool | None = None  # default: `tasks`, in order
+    guided: Callable[[str], bool] | None = None  # rollout key -> a guide played it (off-policy)
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         import time
@@ -91,6 +93,7 @@ class BarRolloutFunc:
             "rollout_reward": [s.reward for s in samples],
             "task_id": [s.task_id for s in samples],
             "exit_status": [s.exit_status for s in samples],
+            GUIDED_FIELD: [bool(self.guided and s.rollout_key and self.guided(s.rollout_key)) for s in samples],
             MEAN_FIELD: [b.mean if b is not None else None for b in baselines],
             STD_FIELD: [b.std if b is not None else None for b in baselines],
         }

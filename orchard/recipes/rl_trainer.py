@@ -2,6 +2,8 @@
 
 - `AllRolloutsBaseline` (orchard.recipes.rl_baseline): a trained rollout's advantage uses the mean and
   standard deviation of all its task's rollouts in the step, not only the balanced group's.
+- `SamplerCorrection` (orchard.recipes.rl_offpolicy): truncated importance sampling against the sampler's
+  recorded logprobs, and LUFFY's policy shaping for guided (off-policy) samples.
 
 Importing this module imports TRL (and torch)."""
 
@@ -10,7 +12,8 @@ from __future__ import annotations
 from trl import GRPOTrainer
 
 from orchard.recipes.rl_baseline import AllRolloutsBaseline
+from orchard.recipes.rl_offpolicy import SamplerCorrection
 
 
-class OrchardGRPOTrainer(AllRolloutsBaseline, GRPOTrainer):
+class OrchardGRPOTrainer(SamplerCorrection, AllRolloutsBaseline, GRPOTrainer):
     """`GRPOTrainer` for `orchard train rl` (see the module docstring)."""
