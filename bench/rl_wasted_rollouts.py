@@ -1,30 +1,40 @@
-"""Measurement: rollouts spent per informative (mixed-reward) GRPO group — BAR vs fixed GRPO groups vs DAPO's
-zero-variance filter (orchard.recipes.bar), at the same batch (groups per step) and group size.
+"""Measurement: BAR against DAPO's zero-variance filter given the same run memory, and fixed GRPO groups, at
+an EQUAL ROLLOUT BUDGET (orchard.recipes.bar), on three figures: rollouts per informative (mixed-reward)
+group, rollouts per trained rollout with signal (in an informative group: a nonzero advantage), and the
+reward a simulated policy reaches on that budget.
 
-- Simulated: a hard SWE set's U-shaped pass rates (half never solved, a tenth always, the rest
-  Beta(0.5, 0.5)), 500 tasks, a run of 24 steps × 16 groups of 8, seeded coin flips. BAR keeps its prompt
-  history across steps (retired tasks are not drawn again); DAPO as published has none, and is also shown
-  given the same memory, to say where the saving comes from. Also BAR within one step (no memory).
+- Simulated learning: a hard SWE set's U-shaped pass rates (half never solved, a tenth always, the rest
+  Beta(0.5, 0.5)), 500 tasks, batches of 16 groups of G=8, each strategy run until it has spent the same
+  rollout budget. The policy learns (orchard.recipes.bar_learning): after each step every trained rollout
+  moves its task's logit by its advantage (baseline: all the task's rollouts of the step, as Orchard
+  trains) times d log P(reward), averaged over the step's trained rollouts as TRL's loss does; the reward
+  is the mean pass rate over the pool. BAR keeps its prompt history across steps; DAPO is shown with the
+  same memory (the fair peer) and without (as published).
 - Real: rewards of real swe-mini rollouts (react + a noisy oracle in real sandboxes, graded by the real
   grader). The noisy oracle plays the task's reference patch, or — with a per-task probability drawn from
   the same U shape — a wrong patch (a new notes file), so each task has its own pass rate. Each task's
-  rollouts are run once into a pool; the allocators then draw from the pools (cycling, reshuffled), over a
-  run of several steps: the rewards are real, their order is resampled."""
+  rollouts are run once into a pool; the allocators then draw from the pools (cycling, reshuffled), at an
+  equal rollout budget: the rewards are real, their order is resampled."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import statistics
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 from bench.measurement import BenchContext, Measurement
 from bench.results_model import Findings, Row, Target, ratio
 from orchard.core.task import Task
 from orchard.eval.suites import load_suite
 from orchard.recipes.bar import BarConfig
-from orchard.recipes.bar_simulation import RunTally, coin_flips, hard_swe_pass_rates, simulate_run
+from orchard.recipes.bar_learning import LearningRun, learning_run
+from orchard.recipes.bar_simulation import RunTally, hard_swe_pass_rates, simulate_run
 
-TARGET = 0.5  # BAR ≤ 0.5× DAPO's rollouts per informative group
+LEARNING_RATE = 8.0  # logit step per unit of mean advantage-weighted gradient (bar_learning's lr)
+PEERS = {"dapo+memory": ("dapo", True), "fixed": ("fixed", None), "dapo": ("dapo", None)}
 WRONG_PATCH = """diff --git a/ORCHARD_NOTES.md b/ORCHARD_NOTES.md
 new file mode 100644
 --- /dev/null
@@ -34,22 +44,46 @@ new file mode 100644
 """
 
 
-def simulated(ctx: BenchContext) -> tuple[dict[str, RunTally], int]:
-    seeds = ctx.pick(3, 1)
-    config = BarConfig(group_size=8)
-    totals: dict[str, RunTally] = {}
+@dataclass
+class Totals:
+    """Several seeds' runs of one strategy, summed."""
+
+    rollouts: int = 0
+    informative_groups: int = 0
+    signal_rollouts: int = 0
+    gain: float = 0.0  # mean pass rate reached minus the initial one, summed over seeds
+    half_gain: float = 0.0  # the same at half the budget
+    runs: int = 0
+
+    def add(self, tally: RunTally, run: LearningRun | None = None, budget: int = 0) -> None:
+        self.rollouts += tally.rollouts
+        self.informative_groups += tally.informative_groups
+        self.signal_rollouts += tally.signal_rollouts
+        self.runs += 1
+        if run is not None:
+            self.gain += run.final_reward - run.initial_reward
+            self.half_gain += run.reward_at(budget // 2) - run.initial_reward
+
+    @property
+    def per_informative_group(self) -> float:
+        return self.rollouts / self.informative_groups if self.informative_groups else math.inf
+
+    @property
+    def per_signal_rollout(self) -> float:
+        return self.rollouts / self.signal_rollouts if self.signal_rollouts else math.inf
+
+
+def simulated(ctx: BenchContext, budget: int, lr: float = LEARNING_RATE,
+              config: BarConfig | None = None) -> tuple[dict[str, Totals], int]:
+    seeds = ctx.pick(4, 1)
+    config = config or BarConfig(group_size=8)
+    totals: dict[str, Totals] = {}
     for seed in range(seeds):
         rates = hard_swe_pass_rates(500, seed=seed)
-        runs = {"bar": ("bar", None), "dapo": ("dapo", None), "fixed": ("fixed", None),
-                "dapo+memory": ("dapo", True), "bar, no memory": ("bar", False)}
-        for name, (strategy, memory) in runs.items():
-            tally = simulate_run(strategy, list(rates), coin_flips(rates, seed=seed), steps=ctx.pick(24, 6),
-                                 batch_groups=16, config=config, seed=seed, memory=memory)
-            total = totals.setdefault(name, RunTally(strategy=strategy, steps=0))
-            total.steps += tally.steps
-            total.rollouts += tally.rollouts
-            total.informative_groups += tally.informative_groups
-            total.trained_rollouts += tally.trained_rollouts
+        for name, (strategy, memory) in {"bar": ("bar", None), **PEERS}.items():
+            run = learning_run(strategy, rates, budget=budget, batch_groups=16, config=config, lr=lr, seed=seed,
+                               memory=memory)
+            totals.setdefault(name, Totals()).add(run.tally, run, budget)
     return totals, seeds
 
 
@@ -100,73 +134,110 @@ def pool_sampler(pools: dict[str, list[float]], seed: int):
     return rollout
 
 
-def run(ctx: BenchContext) -> Findings:
-    totals, seeds = simulated(ctx)
-    bar, dapo = totals["bar"], totals["dapo"]
+def _figures(totals: dict[str, Totals], label: str, *, learning: bool, target: bool) -> list[Row]:
+    bar = totals["bar"]
+    peers = [name for name in totals if name != "bar"]
+
+    def targets(on: str, op: str) -> list[Target]:
+        return [Target(on=on, op=op, limit=1.0)] if target else []
     rows = [
-        Row(metric="simulated U shape: rollouts per informative group, BAR", unit="rollouts",
-            ours=bar.rollouts_per_informative_group,
-            peers={name: tally.rollouts_per_informative_group for name, tally in totals.items() if name != "bar"},
-            ratios={"bar/dapo": ratio(bar.rollouts_per_informative_group, dapo.rollouts_per_informative_group),
-                    "bar/fixed": ratio(bar.rollouts_per_informative_group,
-                                       totals["fixed"].rollouts_per_informative_group),
-                    "bar/dapo+memory": ratio(bar.rollouts_per_informative_group,
-                                             totals["dapo+memory"].rollouts_per_informative_group)},
-            targets=[Target(on="bar/dapo", op="<=", limit=TARGET)]),
-        Row(metric="simulated U shape: rollouts per trained rollout, BAR", unit="rollouts",
-            ours=ratio(bar.rollouts, bar.trained_rollouts),
-            peers={name: ratio(t.rollouts, t.trained_rollouts) for name, t in totals.items() if name != "bar"},
-            ratios={"bar/dapo": ratio(ratio(bar.rollouts, bar.trained_rollouts),
-                                      ratio(dapo.rollouts, dapo.trained_rollouts))}),
+        Row(metric=f"{label}: rollouts per informative group, BAR", unit="rollouts", ours=bar.per_informative_group,
+            peers={name: totals[name].per_informative_group for name in peers},
+            ratios={f"bar/{name}": ratio(bar.per_informative_group, totals[name].per_informative_group)
+                    for name in peers},
+            targets=targets("bar/dapo+memory", "<=")),
+        Row(metric=f"{label}: rollouts per trained rollout with signal, BAR", unit="rollouts",
+            ours=bar.per_signal_rollout, peers={name: totals[name].per_signal_rollout for name in peers},
+            ratios={f"bar/{name}": ratio(bar.per_signal_rollout, totals[name].per_signal_rollout)
+                    for name in peers},
+            targets=targets("bar/dapo+memory", "<=")),
     ]
+    if learning:
+        gain = {name: t.gain / t.runs for name, t in totals.items()}
+        rows.append(Row(metric=f"{label}: mean pass rate gained on the budget, BAR", unit="points",
+                        ours=100 * gain["bar"], peers={name: 100 * gain[name] for name in peers},
+                        ratios={f"bar/{name}": ratio(gain["bar"], gain[name]) for name in peers},
+                        targets=[Target(on="bar/dapo+memory", op=">=", limit=1.0)] if target else []))
+    return rows
+
+
+def _sensitivity(fast: dict[str, Totals], pairs_only: dict[str, Totals]) -> str:
+    def gain(totals: dict[str, Totals]) -> float:
+        return ratio(totals["bar"].gain, totals["dapo+memory"].gain)  # same number of runs each
+
+    def spent(totals: dict[str, Totals], figure: str) -> float:
+        return ratio(getattr(totals["bar"], figure), getattr(totals["dapo+memory"], figure))
+    fast_gain = gain(fast)
+    why = (" (a policy that learns fast brings tasks into reach that BAR retired for the run after 5 failures; "
+           "DAPO retires after 8)" if fast_gain < 1 else "")
+    return (f"Sensitivity, against DAPO+memory: at a learning rate 4× larger BAR's gain is {fast_gain:.2f}×{why}, "
+            f"at {spent(fast, 'per_informative_group'):.2f}× the rollouts per informative group. With balanced "
+            f"pairs only (fill_group=False, the old default) BAR spends "
+            f"{spent(pairs_only, 'per_signal_rollout'):.2f}× the rollouts per trained rollout (it drops the "
+            f"surplus of the commoner reward) and gains {gain(pairs_only):.2f}× (TRL's loss averages over fewer "
+            "trained tokens: a larger step per rollout).")
+
+
+def where_bar_loses(rows: list[Row]) -> str:
+    """Every figure on which BAR does worse than DAPO given the same memory, said plainly."""
+    losses = []
+    for row in rows:
+        value = row.ratios.get("bar/dapo+memory")
+        if value is None:
+            continue
+        worse = value < 1 if "gained" in row.metric else value > 1
+        if worse:
+            losses.append(f"{row.metric.replace(', BAR', '')} ({value:.2f}× DAPO+memory's)")
+    if not losses:
+        return "BAR does as well as or better than DAPO+memory on every figure above."
+    return "Where BAR does not win: " + "; ".join(losses) + "."
+
+
+def run(ctx: BenchContext) -> Findings:
+    budget = ctx.pick(8192, 2048)
+    totals, seeds = simulated(ctx, budget)
+    initial = statistics.fmean(statistics.fmean(hard_swe_pass_rates(500, seed=s).values()) for s in range(seeds))
+    rows = _figures(totals, "simulated U shape, equal budget", learning=True, target=True)
+    fast, _ = simulated(ctx, budget, lr=4 * LEARNING_RATE)
+    pairs_only, _ = simulated(ctx, budget, config=BarConfig(group_size=8, fill_group=False))
     pools, rates, errors = noisy_oracle_pools(ctx)
     usable = {task_id: rewards for task_id, rewards in pools.items() if rewards}
     config = BarConfig(group_size=4)
-    real: dict[str, RunTally] = {}
+    real_budget = ctx.pick(400, 120)
+    real: dict[str, Totals] = {}
     for seed in range(ctx.pick(5, 2)):  # orders resampled from the same real pools
-        for name, (strategy, memory) in {"bar": ("bar", None), "dapo": ("dapo", None), "fixed": ("fixed", None),
-                                         "dapo+memory": ("dapo", True)}.items():
-            tally = simulate_run(strategy, list(usable), pool_sampler(usable, seed=seed), steps=ctx.pick(8, 3),
-                                 batch_groups=2, config=config, seed=seed, memory=memory)
-            total = real.setdefault(name, RunTally(strategy=strategy, steps=0))
-            total.steps += tally.steps
-            total.rollouts += tally.rollouts
-            total.informative_groups += tally.informative_groups
-    real_bar = real["bar"].rollouts_per_informative_group
-    real_dapo = real["dapo"].rollouts_per_informative_group
-    rows.append(Row(metric="real swe-mini rewards (noisy oracle): rollouts per informative group, BAR",
-                    unit="rollouts", ours=real_bar,
-                    peers={name: t.rollouts_per_informative_group for name, t in real.items() if name != "bar"},
-                    ratios={"bar/dapo": ratio(real_bar, real_dapo)},
-                    targets=[Target(on="bar/dapo", op="<=", limit=TARGET)]))
+        for name, (strategy, memory) in {"bar": ("bar", None), **PEERS}.items():
+            tally = simulate_run(strategy, list(usable), pool_sampler(usable, seed=seed), steps=real_budget,
+                                 batch_groups=2, config=config, seed=seed, memory=memory, budget=real_budget)
+            real.setdefault(name, Totals()).add(tally)
+    rows += _figures(real, "real swe-mini rewards (noisy oracle), equal budget", learning=False, target=False)
     pooled = sum(len(v) for v in pools.values())
     observed = {task_id: sum(v) / len(v) for task_id, v in usable.items()}
     notes = [
-        f"Simulated: {seeds} seed(s) × 500 tasks, 24 steps × 16 groups of G=8; BAR's defaults (first round 2, "
-        "rounds ≤ 4, retire after 5 agreeing rollouts, ≤ 10 rollouts per task per step). BAR's groups are "
-        "balanced (equal positives and negatives) and so often smaller than G: the second row counts "
-        "rollouts per rollout trained on.",
+        f"Simulated: {seeds} seed(s) × 500 tasks, batches of 16 groups of G=8, {budget} rollouts per run for "
+        f"every strategy (a run stops before the step that would pass the budget). BAR's defaults: first "
+        "round 2, rounds ≤ 4, retired after 5 agreeing rollouts, ≤ G rollouts per task per step, a group out "
+        f"of budget filled up to G (Reinforce-Ada's fallback). Learning rate {LEARNING_RATE:g}. A trained "
+        "rollout with signal is one in an informative group; fixed GRPO also trains its zero-variance groups, "
+        f"with advantage 0. Initial mean pass rate {100 * initial:.1f}%.",
+        "Learning curve (mean pass rate gained, points, at half the budget → the whole budget): "
+        + "; ".join(f"{name} {100 * t.half_gain / t.runs:.2f} → {100 * t.gain / t.runs:.2f}"
+                    for name, t in totals.items()) + ".",
+        _sensitivity(fast, pairs_only),
         f"Real: {pooled} graded rollouts of react + the noisy oracle on the {len(pools)} swe-mini tasks "
         f"({errors} infrastructure errors left out); observed pass rates "
         f"{', '.join(f'{v:.2f}' for v in sorted(observed.values()))}. Allocators draw from those pools "
-        "(G=4, 2 groups per step, 8 steps, 5 orders; BAR's defaults). With so few tasks that have signal, "
-        "a run can retire them all by bad luck (then it stops early: `PromptHistory.revive` is the remedy).",
-        "Where the saving comes from: BAR within one step (no memory) spends "
-        f"{ratio(totals['bar, no memory'].rollouts_per_informative_group, dapo.rollouts_per_informative_group):.2f}× "
-        "DAPO's rollouts per informative group on the simulated set; with its run memory (retired tasks are not "
-        "drawn again) "
-        f"{ratio(bar.rollouts_per_informative_group, dapo.rollouts_per_informative_group):.2f}×. DAPO given the "
-        "same memory spends "
-        f"{ratio(totals['dapo+memory'].rollouts_per_informative_group, dapo.rollouts_per_informative_group):.2f}× "
-        f"(simulated) and {ratio(real['dapo+memory'].rollouts_per_informative_group, real_dapo):.2f}× (real): "
-        "most of the saving is the memory, not the rounds.",
+        f"(G=4, 2 groups per step, {real_budget} rollouts per run, 5 orders; BAR's defaults). With so few tasks "
+        "that have signal, a run can retire them all by bad luck (then it stops early: "
+        "`PromptHistory.revive` is the remedy).",
     ]
+    notes.insert(0, where_bar_loses(rows))
     return Findings(rows=rows, notes=notes)
 
 
 MEASUREMENT = Measurement(
     name="rl_wasted_rollouts",
-    title="RL: rollouts per informative group (BAR vs GRPO vs DAPO)",
+    title="RL: BAR vs DAPO with memory vs GRPO at an equal rollout budget",
     method=" ".join(__doc__.split("\n\n", 1)[1].split()),
     run=run,
 )

@@ -198,7 +198,9 @@ def rl(
     ] = "bar",
     retire_after: Annotated[int, typer.Option(
         help="BAR: retire a task whose rollouts all agreed over this many (for the rest of the run).")] = 5,
-    max_rollouts: Annotated[int, typer.Option(help="BAR: rollouts per task per step at most.")] = 10,
+    max_rollouts: Annotated[Optional[int], typer.Option(
+        help="BAR: rollouts per task per step at most (default: --generations, or --retire-after if larger).")
+    ] = None,
     parallel: Annotated[int, typer.Option(help="Rollouts (sandboxes) at once.")] = 1,
     learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,

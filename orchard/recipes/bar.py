@@ -14,7 +14,8 @@ nothing. Three allocators share one API, so they can be compared on the same pro
   `group_size // 2` positive and as many negative rollouts (the group is built from exactly those: equal
   positive and negative counts); a prompt whose rollouts all agree after `retire_after` rollouts is retired
   (all-pass or all-fail: no signal for this policy); a prompt that reaches `max_rollouts` with both rewards
-  but not enough of one gives a smaller balanced group (`min(pos, neg)` of each), or nothing.
+  but not enough of one gives a group of every rollout of the scarcer reward filled up to `group_size`
+  with the commoner one (Reinforce-Ada's fallback; `fill_group=False`: `min(pos, neg)` of each).
 
 The loop is the same for all three:
 
@@ -27,8 +28,11 @@ The loop is the same for all three:
 
 Across the steps of a run, BAR keeps a `PromptHistory`: a prompt retired as all-pass/all-fail is not drawn
 again, and rollouts of earlier steps that agree count towards a prompt's retirement. That memory is where
-most of the savings on a U-shaped pass-rate distribution come from (DAPO given the same memory saves about
-as much; bench/rl_wasted_rollouts.py reports both).
+most of the savings on a U-shaped pass-rate distribution come from, so bench/rl_wasted_rollouts.py compares
+BAR with DAPO given the same memory, at an equal rollout budget.
+
+The training group need not carry its own baseline: `graded(prompt_id)` is every reward the prompt got in
+the step, which the advantage is centred on (orchard.recipes.rl_baseline).
 
 A rollout that ended in an infrastructure error (the sandbox, the model API, the grader failed) is recorded
 with `error=`: it is counted as spent, never as a reward (a fake 0 would bias the group's baseline). BAR
@@ -59,18 +63,30 @@ class BarConfig(BaseModel):
     round_size: int = Field(default=4, ge=1, description="BAR: at most this many rollouts per later round")
     retire_after: int = Field(default=5, ge=1, description="BAR: retire a prompt whose first this-many rollouts "
                                                            "all got the same reward")
-    max_rollouts: int = Field(default=10, ge=2, description="BAR: at most this many rollouts per prompt")
-    min_pairs: int = Field(default=1, ge=1, description="BAR: a prompt out of budget still gives a group of "
-                                                        "min(pos, neg) pairs if it holds at least this many")
+    max_rollouts: int | None = Field(default=None, ge=2, description="BAR: at most this many rollouts per prompt "
+                                                                    "in a step (default: group_size, what DAPO "
+                                                                    "spends, or retire_after if larger)")
+    min_pairs: int = Field(default=1, ge=1, description="BAR: a prompt out of budget still gives a group if "
+                                                        "it holds at least this many positives and negatives")
+    fill_group: bool = Field(default=True, description="BAR: a prompt out of budget fills its group up to G with "
+                                                       "the commoner reward (Reinforce-Ada's fallback) instead of "
+                                                       "keeping min(pos, neg) pairs; the advantage's baseline is "
+                                                       "all the prompt's rollouts (rl_baseline), so an unbalanced "
+                                                       "group is not biased")
     max_errors: int = Field(default=3, ge=1, description="retire a prompt after this many infrastructure errors")
     positive_threshold: float = Field(default=0.5, description="a reward >= this is a positive rollout")
 
     @model_validator(mode="after")
     def _consistent(self) -> BarConfig:
-        if self.max_rollouts < self.retire_after:
+        if self.max_rollouts is not None and self.max_rollouts < self.retire_after:
             raise ValueError(f"max_rollouts ({self.max_rollouts}) must be at least retire_after "
                              f"({self.retire_after})")
         return self
+
+    @property
+    def rollout_cap(self) -> int:
+        """BAR's rollouts per prompt per step at most (`max_rollouts`, or its default)."""
+        return self.max_rollouts if self.max_rollouts is not None else max(self.group_size, self.retire_after)
 
     @property
     def pairs(self) -> int:
@@ -171,6 +187,8 @@ class AllocatorStats(BaseModel):
     informative_groups: int
     retired: dict[str, int]
     trained_rollouts: int = Field(description="rollouts in the groups built")
+    signal_rollouts: int = Field(default=0, description="rollouts in the informative groups built: the trained "
+                                                        "rollouts with a nonzero advantage")
 
     @property
     def rollouts_per_informative_group(self) -> float:
@@ -245,6 +263,11 @@ class Allocator(ABC):
     def retired(self) -> dict[Hashable, RetireReason]:
         return {s.prompt_id: s.retired for s in self._states.values() if s.retired is not None}
 
+    def graded(self, prompt_id: Hashable) -> list[float]:
+        """The reward of every rollout of `prompt_id` so far, errors left out (its advantage baseline)."""
+        state = self._states.get(prompt_id)
+        return [r.reward for r in state.valid()] if state is not None else []
+
     def stats(self) -> AllocatorStats:
         results = [r for s in self._states.values() for r in s.results]
         retired: dict[str, int] = {}
@@ -254,7 +277,8 @@ class Allocator(ABC):
         return AllocatorStats(rollouts=len(results), errors=sum(r.is_error for r in results),
                               prompts_used=len(self._states), groups=len(groups),
                               informative_groups=sum(g.informative for g in groups), retired=retired,
-                              trained_rollouts=sum(len(g.rollouts) for g in groups))
+                              trained_rollouts=sum(len(g.rollouts) for g in groups),
+                              signal_rollouts=sum(len(g.rewards) for g in groups if g.informative))
 
     # --- helpers -------------------------------------------------------------------------------------
 
@@ -347,7 +371,7 @@ class BalancedAllocator(Allocator):
         config = self.config
         valid = state.valid()
         seen = len(valid) + state.in_flight
-        left = config.max_rollouts - len(state.results) - state.in_flight
+        left = config.rollout_cap - len(state.results) - state.in_flight
         if left <= 0:
             return 0
         if seen < config.first_round:
@@ -380,8 +404,8 @@ class BalancedAllocator(Allocator):
         elif (valid and (not positives or not negatives) and not state.in_flight and
               self._prior(state, all_positive=bool(positives)) + len(valid) >= config.retire_after):
             self._close(state, None, "all_fail" if not positives else "all_pass")
-        elif len(state.results) >= config.max_rollouts and not state.in_flight:
-            group = self._balanced(state, config.min_pairs)
+        elif len(state.results) >= config.rollout_cap and not state.in_flight:
+            group = self._balanced(state, config.min_pairs, fill=config.fill_group)
             self._close(state, group, None if group else "budget")
 
     def _prior(self, state: PromptState, *, all_positive: bool) -> int:
@@ -394,12 +418,19 @@ class BalancedAllocator(Allocator):
             return record.positives if record.negatives == 0 else 0
         return record.negatives if record.positives == 0 else 0
 
-    def _balanced(self, state: PromptState, at_least: int) -> list[RolloutResult] | None:
+    def _balanced(self, state: PromptState, at_least: int, *, fill: bool = False) -> list[RolloutResult] | None:
         valid = state.valid()
         positives = [r for r in valid if self._positive(r)]
         negatives = [r for r in valid if not self._positive(r)]
         pairs = min(len(positives), len(negatives), self.config.pairs)
-        return positives[:pairs] + negatives[:pairs] if pairs >= at_least else None
+        if pairs < at_least:
+            return None
+        if not fill:
+            return positives[:pairs] + negatives[:pairs]
+        # the scarcer reward's rollouts (up to G/2), then the commoner's up to G
+        scarce, common = (positives, negatives) if len(positives) <= len(negatives) else (negatives, positives)
+        taken = scarce[:self.config.pairs]
+        return taken + common[:self.config.group_size - len(taken)]
 
 
 def drive(allocator: Allocator, rollout: Callable[[Hashable], float | None | str]) -> Allocator:

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from orchard.recipes.bar import BarConfig, PromptHistory, Strategy, drive, make_allocator
+from orchard.recipes.bar import Allocator, BarConfig, PromptHistory, Strategy, drive, make_allocator
 
 
 def hard_swe_pass_rates(count: int, *, seed: int = 0, never: float = 0.5, always: float = 0.1) -> dict[str, float]:
@@ -43,6 +43,8 @@ class RunTally:
     informative_groups: int = 0
     trained_rollouts: int = 0
     errors: int = 0
+    steps_run: int = 0
+    signal_rollouts: int = 0  # trained rollouts in informative groups (a nonzero advantage)
 
     @property
     def rollouts_per_informative_group(self) -> float:
@@ -51,10 +53,13 @@ class RunTally:
 
 def simulate_run(strategy: Strategy, prompts: list[Hashable], rollout: Callable[[Hashable], float | str], *,
                  steps: int, batch_groups: int, config: BarConfig, seed: int = 0,
-                 memory: bool | None = None) -> RunTally:
+                 memory: bool | None = None, budget: int | None = None,
+                 on_step: Callable[[Allocator], None] | None = None) -> RunTally:
     """`steps` training steps, each drawing prompts from a reshuffled copy of `prompts` (one epoch after
     another) until its allocator is done. `memory` (default: on for BAR only) carries each prompt's
-    history — and its retirement — from step to step."""
+    history — and its retirement — from step to step. With `budget`, the run ends before the step that
+    would take its rollouts past it (that step is not trained: every strategy spends at most `budget`).
+    `on_step(allocator)` sees each step that is kept (e.g. to train a simulated policy on its groups)."""
     memory = strategy == "bar" if memory is None else memory
     history = PromptHistory() if memory else None
     rng = random.Random(seed)
@@ -75,10 +80,16 @@ def simulate_run(strategy: Strategy, prompts: list[Hashable], rollout: Callable[
         used = allocator.stats()
         if used.groups == 0 and not allocator.drawn:
             break  # every prompt is retired
+        if budget is not None and tally.rollouts + used.rollouts > budget:
+            break
+        if on_step is not None:
+            on_step(allocator)
         consumed = {positions[prompt] for prompt in candidates[:allocator.drawn]}
         order = [prompt for position, prompt in enumerate(order) if position not in consumed]
         tally.rollouts += used.rollouts
         tally.informative_groups += used.informative_groups
         tally.trained_rollouts += used.trained_rollouts
         tally.errors += used.errors
+        tally.steps_run += 1
+        tally.signal_rollouts += used.signal_rollouts
     return tally

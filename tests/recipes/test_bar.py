@@ -47,13 +47,36 @@ def test_bar_retires_all_pass_and_all_fail_prompts_after_its_budget():
     assert allocator.done
 
 
-def test_bar_out_of_budget_gives_a_smaller_balanced_group():
+def test_bar_out_of_budget_fills_its_group_with_the_commoner_reward():
+    """Reinforce-Ada's fallback: every rollout of the scarcer reward, then the commoner one up to G (the
+    advantage's baseline is all the task's rollouts, so the unbalanced group is not biased)."""
     rates = {"rare": 0.15}
-    config = BarConfig(group_size=8, retire_after=2, max_rollouts=16)
     rollout = iter([0.0, 1.0] + [0.0] * 14)  # one positive in 16
+    config = BarConfig(group_size=8, retire_after=2, max_rollouts=16)
+    allocator = drive(BalancedAllocator(rates, batch_groups=1, config=config), lambda _: next(rollout))
+    (group,) = allocator.groups()
+    assert group.rewards == [1.0] + [0.0] * 7 and group.spent == 16
+    assert allocator.graded("rare") == [0.0, 1.0] + [0.0] * 14  # what its advantages are centred on
+
+
+def test_bar_out_of_budget_keeps_balanced_pairs_only_without_fill():
+    rates = {"rare": 0.15}
+    rollout = iter([0.0, 1.0] + [0.0] * 14)
+    config = BarConfig(group_size=8, retire_after=2, max_rollouts=16, fill_group=False)
     allocator = drive(BalancedAllocator(rates, batch_groups=1, config=config), lambda _: next(rollout))
     (group,) = allocator.groups()
     assert group.rewards == [1.0, 0.0] and group.spent == 16
+
+
+def test_bar_spends_at_most_g_rollouts_per_task_and_step_by_default():
+    """What DAPO spends on a task: past G, the scarcer reward's extra rollouts cost more than they bring."""
+    assert BarConfig(group_size=8).rollout_cap == 8
+    assert BarConfig(group_size=4).rollout_cap == 5  # never under retire_after
+    rewards = iter([1.0] + [0.0] * 20)
+    allocator = drive(BalancedAllocator(["rare"], batch_groups=1, config=BarConfig(group_size=8)),
+                      lambda _: next(rewards))
+    (group,) = allocator.groups()
+    assert group.spent == 8 and sorted(group.rewards) == [0.0] * 7 + [1.0]
 
 
 def test_error_rollouts_are_never_a_zero_reward():
@@ -155,3 +178,16 @@ def test_a_task_that_showed_both_rewards_is_not_retired_for_the_run_by_one_unluc
     assert history.get("t").positives == 1 and history.get("t").negatives == 1
     unlucky = drive(BalancedAllocator(["t"], batch_groups=1, config=config, history=history), lambda _: 0.0)
     assert unlucky.retired() == {"t": "all_fail"} and not history.is_retired("t")  # this step only
+
+
+def test_at_an_equal_budget_every_strategy_stays_within_it_and_the_simulated_policy_learns():
+    """bench/rl_wasted_rollouts.py's comparison: runs stop before the step that would pass the budget, and
+    the simulated policy's mean pass rate rises with the groups it trains on."""
+    from orchard.recipes.bar_learning import learning_run
+
+    rates = hard_swe_pass_rates(200, seed=3)
+    for strategy, memory in (("bar", None), ("dapo", True), ("fixed", None)):
+        run = learning_run(strategy, rates, budget=2048, batch_groups=8, config=BarConfig(group_size=8), lr=8.0,
+                           seed=3, memory=memory)
+        assert 1024 < run.tally.rollouts <= 2048, strategy
+        assert run.final_reward > run.initial_reward and run.curve[-1][0] == run.tally.rollouts
