@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,6 +12,7 @@ from rich.table import Table
 
 from orchard.cli.sandbox import fail, out
 from orchard.core.errors import OrchardError
+from orchard.core.home import resolve_home
 
 app = typer.Typer(help="Task images from OCI archives: import them, list them, remove them (docs/images.md).",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -24,7 +24,7 @@ HomeOption = Annotated[Optional[Path], typer.Option(
 def _store(home: Path | None):
     from orchard.sandbox.images import ImageStore
 
-    return ImageStore((home or Path(os.environ.get("ORCHARD_HOME") or "~/.orchard")).expanduser() / "images")
+    return ImageStore(resolve_home(home) / "images")
 
 
 @app.command("import")

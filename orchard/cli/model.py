@@ -5,7 +5,6 @@ them."""
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 
 from orchard.cli.plugins import print_plugins
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import time
 from importlib.metadata import EntryPoint, PackageNotFoundError, version as distribution_version
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 

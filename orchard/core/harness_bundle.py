@@ -9,7 +9,6 @@ adapter and nothing is imported by name."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 

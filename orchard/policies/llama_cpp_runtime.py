@@ -27,6 +27,7 @@ from typing import Callable
 from pydantic import BaseModel
 
 from orchard.core.errors import ModelError
+from orchard.core.home import resolve_home
 from orchard.util import debian
 
 SUITE = "forky"
@@ -81,7 +82,7 @@ def runtime_key() -> str:
 
 def runtime_dir(cache_dir: Path | None = None) -> Path:
     # $ORCHARD_HOME/cache, where the agent and harness bundles are kept too
-    default = Path(os.environ.get("ORCHARD_HOME") or Path.home() / ".orchard") / "cache"
+    default = resolve_home() / "cache"
     return Path(cache_dir or default) / "llama-cpp" / runtime_key()
 
 

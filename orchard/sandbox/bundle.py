@@ -37,6 +37,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from orchard.core.errors import BackendError
+from orchard.core.home import resolve_home
 
 BUNDLE_FORMAT = 3  # 2: the empty harness/ mount point; 3: its content hash beside it (CONTENT_HASH_SUFFIX)
 AGENT_PACKAGE = "orchard_agent"
@@ -150,8 +151,7 @@ _memo: dict[tuple[Path, Path], AgentBundle] = {}
 
 
 def default_cache_dir() -> Path:
-    home = os.environ.get("ORCHARD_HOME") or str(Path.home() / ".orchard")
-    return Path(home) / "cache"
+    return resolve_home() / "cache"
 
 
 def ensure_agent_bundle(cache_dir: Path | None = None, agent_dir: Path = AGENT_SOURCE_DIR) -> AgentBundle:

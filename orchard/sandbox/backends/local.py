@@ -30,6 +30,7 @@ from pathlib import Path
 
 from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
+from orchard.core.home import resolve_home
 from orchard.core.sandbox import SandboxSpec, StartupTimings
 from orchard.sandbox.backends import cgroups, local_netns
 from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
@@ -67,7 +68,7 @@ MOUNT_RACE_MESSAGES = ("bwrap: Can't bind mount", "bwrap: Can't remount", "bwrap
 
 
 def orchard_home() -> Path:
-    return Path(os.environ.get("ORCHARD_HOME") or Path.home() / ".orchard")
+    return resolve_home()
 
 
 class LocalBackend:

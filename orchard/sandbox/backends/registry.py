@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from orchard.core.backend import ENTRY_POINT_GROUP, Backend, BackendCapabilities, BackendConfig, BackendPlugin
 from orchard.core.errors import InvalidRequest, OrchardError, PluginError, describe_validation_errors
+from orchard.core.home import resolve_home
 from orchard.core.plugins import PluginInfo, Registry, check_name, is_import_path
 
 
@@ -88,6 +89,6 @@ def create_backend(config: BackendConfig) -> Backend:
 def capabilities_of(name: str, home: Path | None = None) -> BackendCapabilities:
     """What backend `name` enforces with its default config (it makes the backend object, which connects
     to nothing until its first call)."""
-    home = home if home is not None else Path(os.environ.get("ORCHARD_HOME") or "~/.orchard").expanduser()
+    home = resolve_home(home)
     backend = create_backend(backend_config(name, home))
     return backend.capabilities

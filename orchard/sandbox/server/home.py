@@ -5,19 +5,13 @@ instance manages its own sandboxes)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from orchard.core.backend import BackendConfig
+from orchard.core.home import resolve_home  # noqa: F401  (re-exported: the server's callers use it)
 from orchard.sandbox.backends.registry import backend_config
 
 STATE_DB_NAME = "state.db"
-
-
-def resolve_home(home: str | Path | None = None) -> Path:
-    if home is None:
-        home = os.environ.get("ORCHARD_HOME") or "~/.orchard"
-    return Path(home).expanduser().absolute()
 
 
 def state_db_path(home: Path) -> Path:
