@@ -119,12 +119,12 @@ def _build(target: Path, progress: Progress) -> LlamaCppRuntime:
             archives = debian.AptCache(downloads, SUITE).fetch(list(PACKAGES))
         except Exception as exc:  # noqa: BLE001 - any failure to fetch says the same thing to the user
             raise ModelError(f"cannot fetch llama.cpp from Debian {SUITE} ({exc}); the llama_cpp engine needs "
-                             "deb.debian.org once (or use ORCHARD_SMOLLM2_ENGINE=lean)") from None
+                             "deb.debian.org once (or use the default engine: unset ORCHARD_SMOLLM2_ENGINE)") from None
         progress(f"unpacking {len(archives)} packages")
         debian.extract(archives, scratch)
         if not (scratch / SERVER).is_file():
             raise ModelError(f"Debian {SUITE}'s {' '.join(PACKAGES)} has no {SERVER}; the llama_cpp engine "
-                             "cannot be built (use ORCHARD_SMOLLM2_ENGINE=lean)")
+                             "cannot be built (use the default engine: unset ORCHARD_SMOLLM2_ENGINE)")
         packages = {deb.name.split("_")[0]: deb.name.split("_")[1].replace("%3a", ":") for deb in archives}
         runtime = LlamaCppRuntime(root=target, suite=SUITE, packages=packages)
         (scratch / MANIFEST).write_text(runtime.model_dump_json(indent=2))
