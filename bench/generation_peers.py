@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-DRAFT_TOKENS = 8  # prompt lookup's draft length for every speculating path (smollm2's DEFAULT_DRAFT_TOKENS)
+DRAFT_TOKENS = 8  # prompt lookup's draft length (prompt_lookup_num_tokens) for the speculating peers
 
 # A react-style task whose answer is new text: nothing in it repeats, so the reply has little to copy
 AGENT_TASK = ("The service in /testbed/app.py answers some requests with HTTP 500 when two clients upload a "
@@ -97,9 +97,10 @@ def generate(peer: Peer, prompt: list[int], new_tokens: int, eos_id: int,
 def conversation(peer: Peer, prompt: list[int], replies: list[list[int]], tool_turn: list[int],
                  eos_id: int) -> float:
     """Seconds of call time for an agent's calls through `generate`, keeping one DynamicCache across them (as
-    smollm2's prefix cache does): each prompt is the last one + the given reply + `tool_turn`, and the cache
-    is cropped to what the new prompt shares with what it holds, so each call reads only the new tokens. Each
-    call makes as many tokens as the given reply (or stops at its end of turn)."""
+    smollm2's prefix cache does; not with prompt lookup, see below): each prompt is the last one + the given
+    reply + `tool_turn`, and the cache is cropped to what the new prompt shares with what it holds, so each
+    call reads only the new tokens. Each call makes as many tokens as the given reply (or stops at its end
+    of turn)."""
     import transformers
 
     cache = transformers.DynamicCache(config=peer.model.config)
@@ -114,7 +115,8 @@ def conversation(peer: Peer, prompt: list[int], replies: list[list[int]], tool_t
         if shared < cache.get_seq_length():
             cache.crop(shared - cache.get_seq_length())  # transformers crops by a negative count only
         started = time.perf_counter()
-        _, _, made = generate(peer, conversation_ids, len(reply), eos_id, cache=cache)
+        # transformers 5.24's prompt lookup mis-continues a cache that already holds a prefix: it re-reads
+        _, _, made = generate(peer, conversation_ids, len(reply), eos_id, cache=None if peer.speculates else cache)
         seconds += time.perf_counter() - started
         held = (conversation_ids + made)[:cache.get_seq_length()]
         conversation_ids = conversation_ids + reply + tool_turn
