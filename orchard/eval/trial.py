@@ -39,6 +39,7 @@ from orchard.core.errors import (
     OrchardError,
     SandboxLost,
     SandboxNotFound,
+    exception_text,
     first_problem,
 )
 from orchard.core.harness import Harness, ModelConfig, SamplingParams, setup_harness
@@ -141,11 +142,17 @@ class Trial:
         the agent's run (its model calls, and its sample)."""
         if self.rig.out_dir is None:
             return
-        self._kept = TrialCheckpoint(
-            rollout_key=self.key, trajectory=trajectory, patch=patch,
-            llm_calls=self.rig.gateway.gateway.calls(self.key), elapsed_s=time.monotonic() - self.started,
-            sandbox_cpu_s=self.cpu_s, sandbox_startup=self.sandbox_startup)
-        self._save_phases()
+        calls = self.rig.gateway.gateway.calls(self.key)
+        try:  # the trajectory with its calls: steps built from the gateway's records name them
+            self._kept = TrialCheckpoint(
+                rollout_key=self.key, trajectory=trajectory.model_copy(update={"llm_calls": calls}), patch=patch,
+                llm_calls=calls, elapsed_s=time.monotonic() - self.started, sandbox_cpu_s=self.cpu_s,
+                sandbox_startup=self.sandbox_startup)
+            self._save_phases()
+        except (ValueError, OSError) as exc:  # no checkpoint costs a resume the agent's run, never this trial
+            self._kept = None
+            log.warning("could not checkpoint the agent's result of %s before grading (a resume would run the "
+                        "agent again): %s", self.key, exception_text(exc))
 
     def _save_phases(self) -> None:
         """The phases so far on disk (the running one marked interrupted until it ends): what an interrupted
