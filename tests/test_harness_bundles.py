@@ -201,10 +201,10 @@ def test_cli_lists_bundles_and_builds_by_name(bundle_home):
 
     runner = CliRunner()
     cache = str(bundle_home / "cache")
-    listed = runner.invoke(app, ["harness", "bundles", "--cache-dir", cache], env={"COLUMNS": "200"})
+    listed = runner.invoke(app, ["harness", "bundles", "--cache-dir", cache], env={"COLUMNS": "400"})  # one line a row
     assert listed.exit_code == 0, listed.output
     rows = {line.split("│")[1].strip(): line for line in listed.output.splitlines() if line.count("│") > 3}
-    assert "yes" in rows[TINY] and f"orchard harness build {UNBUILT}" in rows[UNBUILT]
+    assert "built (" in rows[TINY] and f"not built: orchard harness build {UNBUILT}" in rows[UNBUILT]
     built = runner.invoke(app, ["harness", "build", TINY, "--cache-dir", cache], env={"COLUMNS": "200"})
     assert built.exit_code == 0 and "Python 3.13" in built.output and "1 distributions" in built.output
     unknown = runner.invoke(app, ["harness", "build", "nope", "--cache-dir", cache], env={"COLUMNS": "200"})

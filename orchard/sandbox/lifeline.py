@@ -15,7 +15,6 @@ they end by their TTL."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -23,8 +22,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from orchard.core.backend import BackendConfig
+if TYPE_CHECKING:  # the watcher imports nothing heavy until its owner is gone: it starts with every client
+    from orchard.core.backend import BackendConfig
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,8 @@ def main(argv: list[str]) -> int:
     while not _gone(owner) and time.monotonic() < deadline:
         time.sleep(0.05)
     home = Path(setup["home"])
+    import asyncio
+
     try:
         asyncio.run(_clean_up(home, setup["backend"]))
     except Exception:
