@@ -4,11 +4,12 @@ takes it over the body limit.
 h11 takes chunk sizes of up to 20 hex digits and then waits for the bytes: a client that declares an
 18-digit chunk and sends nothing more held the connection (and a create's handler) for as long as it
 liked, since the app only sees body bytes as they come and cannot tell a huge chunk from a slow one. A
-chunk that takes the body over the limit is answered 413 at once and the connection closed, as the sandbox agent's own parser does (orchard/sandbox/agent/wire.py).
+chunk that takes the body over the limit is answered 413 at once and the connection closed, as the sandbox
+agent's own parser does (orchard/sandbox/agent/wire.py).
 
 The size is read from h11's chunked reader (`Connection._reader._bytes_in_chunk`): h11 has no public way to
 see it. Should a later h11 rename it, the check finds nothing and the request falls back to the app's body
-limit and the connection's deadline; tests/security/test_http_framing.py catches that."""
+limit and the connection's deadline; tests/security/test_api_input_edges.py catches that."""
 
 from __future__ import annotations
 
