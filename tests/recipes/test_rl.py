@@ -23,22 +23,6 @@ TASK_ID = "orchard__pagekit-112"
 
 
 @pytest.fixture(scope="module")
-def torch_one_thread():
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield torch
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from orchard.recipes.tiny_models import smollm2_tokenizer
-
-    return smollm2_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def task():
     return load_suite("swe-mini").get(TASK_ID)
 

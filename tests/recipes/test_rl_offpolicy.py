@@ -26,19 +26,8 @@ REPLIES = ("I will read the test file first, then run it.", "Let me list the fil
 
 
 @pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield torch
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from orchard.recipes.tiny_models import smollm2_tokenizer
-
-    return smollm2_tokenizer()
+def torch(torch_one_thread):
+    return torch_one_thread
 
 
 @pytest.fixture
