@@ -33,7 +33,7 @@ from orchard.eval.models import eval_gateway_config
 from orchard.eval.runner import run_eval
 from orchard.eval.suites import load_suite
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.gateway.provider import load_litellm
+from orchard.gateway.litellm_loader import load_litellm
 
 MODEL_DELAY_S = 0.2
 ORACLE_SPEEDUP, MODEL_BOUND_SPEEDUP, GATEWAY_ADDED_MS = 1.7, 6.0, 5.0

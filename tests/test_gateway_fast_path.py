@@ -18,7 +18,7 @@ import pytest
 from orchard.core.errors import InvalidRequest, ModelError, ModelRateLimited, ModelUnreachable, OrchardError
 from orchard.gateway import Gateway, GatewayConfig, ModelRoute
 from orchard.gateway.direct import env_proxy, direct_target
-from orchard.gateway.provider import load_litellm
+from orchard.gateway.litellm_loader import load_litellm
 from tests.running_server import free_port
 from tests.test_gateway import TOOLS, USER, load_script, received, scripted  # noqa: F401 (scripted: a fixture)
 

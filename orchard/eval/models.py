@@ -42,7 +42,7 @@ def check_model_route(config: GatewayConfig, model: str) -> None:
     route = config.route(model)  # InvalidRequest for an unknown alias (allow_any_model off)
     if route.model.startswith(BUILTIN_PROVIDER_PREFIX):
         return  # Orchard's own models: served by the gateway itself
-    from orchard.gateway.provider import load_litellm
+    from orchard.gateway.litellm_loader import load_litellm
 
     try:
         load_litellm().get_llm_provider(route.model, api_base=route.api_base)

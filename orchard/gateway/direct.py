@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 from orchard.gateway.config import ModelRoute
+from orchard.gateway.litellm_loader import load_litellm
 from orchard.gateway.wire import ChatCompletionRequest
 
 PROVIDERS = ("openai", "hosted_vllm")
@@ -80,8 +81,6 @@ def _target(model: str, api_base: str | None) -> DirectTarget | None:
     provider, _, name = model.partition("/")
     if provider not in PROVIDERS or not name or not api_base:
         return None
-    from orchard.gateway.provider import load_litellm
-
     prices = load_litellm().model_cost
     if name in prices or model in prices:  # litellm prices it, and may map its parameters: its path
         return None
@@ -145,8 +144,6 @@ def _plain(message: Any) -> bool:
 def _litellm_names() -> frozenset[str]:
     """Every request parameter litellm knows by name: OpenAI's and its own."""
     import inspect
-
-    from orchard.gateway.provider import load_litellm
 
     litellm = load_litellm()
     from litellm.constants import OPENAI_CHAT_COMPLETION_PARAMS

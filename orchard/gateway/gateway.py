@@ -18,7 +18,8 @@ from orchard.gateway.budget import Budget, BudgetLedger, RolloutUsage
 from orchard.gateway.call_record import failure_record, new_call_id, success_record, total_tokens, utc_now_iso
 from orchard.gateway.config import GatewayConfig
 from orchard.gateway.direct import ClientPool
-from orchard.gateway.provider import call_provider, effective_params, load_litellm
+from orchard.gateway.litellm_loader import load_litellm
+from orchard.gateway.provider import call_provider, effective_params
 from orchard.gateway.recorder import Recorder
 from orchard.gateway.wire import ChatCompletionRequest
 from orchard.policies.registry import model_names

@@ -1,15 +1,12 @@
 """Calls a model through litellm, so every provider litellm knows works behind the gateway, and turns
 litellm's exceptions into Orchard's typed errors with the provider's own message.
 
-litellm is imported on first use (it takes seconds to import): `import orchard.gateway` stays cheap."""
+litellm is imported on first use (litellm_loader.py): `import orchard.gateway` stays cheap."""
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from orchard.core.errors import (
@@ -22,6 +19,7 @@ from orchard.core.errors import (
 )
 from orchard.gateway.config import BUILTIN_PROVIDER_PREFIX, ModelRoute
 from orchard.gateway.direct import ClientPool, api_key, direct_target, post_completion, request_body
+from orchard.gateway.litellm_loader import load_litellm
 from orchard.gateway.wire import ChatCompletionRequest
 
 # Request fields a client may not set: they choose the server and credentials, which only the gateway's
@@ -38,20 +36,6 @@ ROUTING_KEYS = frozenset({
 class ProviderAnswer:
     response: dict[str, Any]
     cost_usd: float | None
-
-
-@functools.cache
-def load_litellm() -> ModuleType:
-    # Without this litellm downloads its model price map at import; the copy it ships is used instead
-    # (set LITELLM_LOCAL_MODEL_COST_MAP=False to fetch current prices).
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    litellm.suppress_debug_info = True  # else it prints provider-list banners on stdout for unpriced models
-    from orchard.policies.litellm_provider import register
-
-    register(litellm)  # Orchard's own models (oracle, smollm2) as the litellm provider `orchard`
-    return litellm
 
 
 def effective_params(route: ModelRoute, request: ChatCompletionRequest) -> dict[str, Any]:
