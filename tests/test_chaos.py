@@ -103,6 +103,7 @@ async def _run_chaos(server: ChaosServer, specs: list[dict], *, kill_part: Calla
     restarted one must adopt, a sweep that deletes whatever is listed, and a graceful stop."""
     tally, kills, rng = Tally(), Counter(), random.Random(seed)
     server.start()
+    await _pools_filled(server)
     started = time.monotonic()
     stop_at = started + seconds
     with Sampler(count, sample_every_s) as sampler:
@@ -126,6 +127,15 @@ async def _run_chaos(server: ChaosServer, specs: list[dict], *, kill_part: Calla
             left = [f"{i.id}={i.state}" for i in await orch.list()]
         server.stop()
     return ChaosRun(tally, kills, sampler, elapsed, left)
+
+
+async def _pools_filled(server: ChaosServer) -> None:
+    """Wait until the server's warm pools hold their members. The clients outnumber the cap's places, and
+    member starts yield to creates waiting there (by design: members never starve creates), so a pool
+    refills only in lulls the chaos may never leave; the first creates must find members to claim."""
+    async with AsyncOrchard(server.url, server.api_key, timeout=CLIENT_TIMEOUT_S) as orch:
+        for pool in await orch.pool_status():
+            await orch.wait_for_pool(pool.name, idle=pool.target, timeout=60)
 
 
 async def _create_survivor(server: ChaosServer, spec: dict):
