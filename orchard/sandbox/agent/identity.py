@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from . import pidns
+from . import own_proc
 
 # Keyword arguments of subprocess.Popen for every command and shell: who they run as (empty: as the agent).
 CHILD = {}
@@ -81,7 +81,7 @@ def take_fsuid(uid: int):
 
 
 def _status(which: str = "self/status") -> dict:
-    with pidns.open_proc(which) as f:
+    with own_proc.open_proc(which) as f:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
 
 

@@ -19,8 +19,8 @@ The first process the spawner forks is the new namespace's init (pid 1): this mo
   - mounts a /proc of the new namespace over /proc (the mount namespace is the agent's and the
     workload's alike), so the workload's pids, `$$`, /proc/self and `ps`/`pkill` agree, and the agent is
     not in it at all (bwrap's read-only covers of /proc/sys, /proc/sysrq-trigger, /proc/irq and
-    /proc/bus are made again on it); the agent keeps its own /proc open (`open_proc`, `listdir_proc`,
-    `readlink_proc`) for its own status and its process-group lookups;
+    /proc/bus are made again on it); the agent keeps its own /proc open (own_proc.py) for its own status
+    and its process-group lookups;
   - closes every descriptor of the agent's (the listening socket; stdin and stdout, the READY pipe,
     become /dev/null; stderr, the agent's log, stays), becomes `--init-user` (by
     default the commands' user) with every capability dropped, bounding set included, makes itself
@@ -45,6 +45,8 @@ import signal
 import subprocess
 import sys
 
+from . import identity, own_proc
+
 CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
@@ -58,24 +60,6 @@ SEPARATE = False  # the workload runs in a pid namespace of its own
 INIT_PID = None  # its init, as the agent sees it
 # The file system uid the spawner thread keeps instead of the commands' (None: theirs), see `finish`.
 PROC_FSUID = None
-_PROC_FD = None  # the agent's own /proc, from before /proc shows the workload's namespace
-
-
-def open_proc(relative: str, mode: str = "r"):
-    """A file of the agent's /proc (`self/status`, `<pid>/stat`), with pids as the agent sees them."""
-    if _PROC_FD is None:
-        return open("/proc/" + relative, mode)
-    return open(relative, mode, opener=lambda path, flags: os.open(path, flags, dir_fd=_PROC_FD))
-
-
-def listdir_proc():
-    return os.listdir("/proc" if _PROC_FD is None else _PROC_FD)
-
-
-def readlink_proc(relative: str) -> str:
-    if _PROC_FD is None:
-        return os.readlink("/proc/" + relative)
-    return os.readlink(relative, dir_fd=_PROC_FD)
 
 
 def health() -> str:
@@ -87,9 +71,8 @@ def separate(user: str, init_user: str = None):
     starting (importing its server). Must run before any other thread starts; then `forked` before
     `identity.become` drops CAP_SYS_ADMIN, and `finish` after it."""
     global _spawner
-    from .identity import parse_ids
-
-    own_uid = bool(init_user) and parse_ids(init_user, "--init-user") != parse_ids(user, "--user")
+    own_uid = (bool(init_user)
+               and identity.parse_ids(init_user, "--init-user") != identity.parse_ids(user, "--user"))
     _spawner = _Spawner(init_user or user, own_uid)
 
 
@@ -113,11 +96,9 @@ def finish(user: str, agent_user: str = None, spawners: bool = False):
     (the workload's cgroup descriptors were given); and a command the thread starts itself (`popen`)
     makes it take the commands' file system uid for good first."""
     global PROC_FSUID
-    from . import identity
-
     why_not = _give_up_unless(lambda spawner: spawner.ready)
     if why_not is None and _spawner is not None:
-        owner = os.stat("self/oom_score_adj", dir_fd=_PROC_FD).st_uid  # non-dumpable since become()
+        owner = os.stat("self/oom_score_adj", dir_fd=own_proc.FD).st_uid  # non-dumpable since become()
         uid, _ = identity.parse_ids(user, "--user")
         fsuid = owner if owner != uid and spawners and not agent_user else None
         _spawner.run(lambda: identity.become(user, agent_user, thread_only=True, fsuid=fsuid))
@@ -155,8 +136,6 @@ def _as_commands(start, *args, **kwargs):
     until its exec: its chdir and the exec's own checks must be the commands')."""
     global PROC_FSUID
     if PROC_FSUID is not None:
-        from . import identity
-
         identity.take_fsuid(os.getuid())
         PROC_FSUID = None
     return start(*args, **kwargs)
@@ -211,21 +190,19 @@ class _Spawner:
             box[1].release()
 
     def _setup(self, init_user: str, own_uid: bool):
-        global SEPARATE, INIT_PID, _PROC_FD
-        # What the init needs, imported here: forked while the main thread may be importing, the child
-        # must find its modules loaded, never half-imported under another thread's lock.
+        global SEPARATE, INIT_PID
+        # What the init needs, imported before the fork (identity and own_proc at the top, these here): forked
+        # while the main thread may be importing, the child must find its modules loaded, never half-imported
+        # under another thread's lock.
         import gc  # noqa: F401
         import resource  # noqa: F401
 
-        from . import identity  # noqa: F401
-        from .identity import _libc
-
-        libc, _ctypes = _libc(("unshare",))
+        libc, _ctypes = identity._libc(("unshare",))
         if libc["unshare"](CLONE_NEWPID) != 0:
             raise OSError("unshare(CLONE_NEWPID): %s" % os.strerror(_ctypes.get_errno()))
         # The agent's own /proc, kept open: the init mounts the workload's over /proc while the main thread
         # may be reading its own status (identity.become), so every agent read goes through this from now.
-        _PROC_FD = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        own_proc.FD = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pid 1 of the new namespace
@@ -246,13 +223,10 @@ class _Spawner:
 def _init(user: str, own_uid: bool, ready_w: int):
     """pid 1 of the workload's namespace: set up (see the module's docstring), say `ok` on `ready_w`
     (or why not, and exit), then reap orphans until the namespace ends. Never returns."""
-    global _PROC_FD
     import gc
     import resource
 
-    from . import identity
-
-    _PROC_FD = None  # the agent's /proc, closed below: the init reads the /proc it mounts (where it is pid 1)
+    own_proc.FD = None  # the agent's /proc, closed below: the init reads the /proc it mounts (where it is pid 1)
     gc.disable()  # touches every object of the agent's copied heap: pages this process need not own
     try:
         os.closerange(3, ready_w)
@@ -334,7 +308,7 @@ def init_alive() -> bool:
     if INIT_PID is None:
         return False
     try:
-        with open_proc("%d/stat" % INIT_PID, "rb") as f:
+        with own_proc.open_proc("%d/stat" % INIT_PID, "rb") as f:
             stat = f.read()
     except OSError:
         return False

@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 
-from . import execs, fields, identity, pidns, workload_cgroup
+from . import execs, fields, identity, own_proc, pidns, workload_cgroup
 from .wire import ApiError, bad_request, not_found
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -85,7 +85,7 @@ def _shell_argv(env: dict):
 def _group_members(pgid: int):
     """Pids in process group `pgid` (from the agent's /proc), or None when /proc cannot be read."""
     try:
-        entries = pidns.listdir_proc()
+        entries = own_proc.listdir_proc()
     except OSError:
         return None
     pids = []
@@ -93,7 +93,7 @@ def _group_members(pgid: int):
         if not entry.isdigit():
             continue
         try:
-            with pidns.open_proc("%s/stat" % entry, "rb") as f:
+            with own_proc.open_proc("%s/stat" % entry, "rb") as f:
                 stat = f.read()
         except OSError:
             continue  # exited meanwhile
@@ -244,7 +244,7 @@ class ShellSession:
 
     def _shell_cwd(self) -> str:
         try:
-            return pidns.readlink_proc("%d/cwd" % self.proc.pid)
+            return own_proc.readlink_proc("%d/cwd" % self.proc.pid)
         except OSError:
             return self.cwd
 

@@ -13,20 +13,20 @@ from __future__ import annotations
 
 import os
 
-from . import pidns
+from . import own_proc
 
 
 def handle_stats(req) -> dict:
     ticks, processes = 0, 0
     try:
-        entries = pidns.listdir_proc()
+        entries = own_proc.listdir_proc()
     except OSError:
         return {"cpu_seconds": None, "processes": None}
     for entry in entries:
         if not entry.isdigit():
             continue
         try:
-            with pidns.open_proc(entry + "/stat", "rb") as f:
+            with own_proc.open_proc(entry + "/stat", "rb") as f:
                 line = f.read()
         except OSError:
             continue  # ended while we read

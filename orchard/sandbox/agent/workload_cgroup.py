@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 
-from . import forkserver, pidns
+from . import forkserver, own_proc, pidns
 
 STATE = "none"  # "separate": commands start in `workload` through the spawner; "shared": the agent is in it
 WHY_SHARED = None
@@ -288,10 +288,10 @@ _EXECUTE_ARGS = subprocess.Popen._execute_child.__code__.co_varnames[
 def _agent_pid(pidfd: int) -> int:
     """The pid of a pidfd's process as the agent's pid namespace numbers it."""
     path = "self/fdinfo/%d" % pidfd
-    if pidns._PROC_FD is None:
+    if own_proc.FD is None:
         fd = os.open("/proc/" + path, os.O_RDONLY | os.O_CLOEXEC)
     else:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=pidns._PROC_FD)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=own_proc.FD)
     try:
         data = os.read(fd, 4096)
     finally:
