@@ -4,9 +4,8 @@
 
 from typing import TYPE_CHECKING
 
+from orchard.core.version import VERSION as __version__
 from orchard.util.lazy import lazy_exports
-
-__version__ = "0.1.0"
 
 _LAZY_EXPORTS = {
     "Orchard": "orchard.sandbox.client",

@@ -20,6 +20,7 @@ from orchard.core.plugins import BUILTIN_DISTRIBUTION, PluginInfo, Registry, che
 from orchard.core.sandbox import Sandbox
 from orchard.core.task import Task
 from orchard.core.trajectory import Trajectory
+from orchard.core.version import VERSION
 
 ENTRY_POINT_GROUP = "orchard.harnesses"
 ROLLOUT_KEY_HEADER = "X-Orchard-Rollout-Key"
@@ -30,9 +31,7 @@ def orchard_version() -> str:
     try:
         return distribution_version(BUILTIN_DISTRIBUTION)
     except PackageNotFoundError:  # running from a source tree that was not installed
-        from orchard import __version__
-
-        return __version__
+        return VERSION
 
 
 class SamplingParams(BaseModel):
