@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from orchard.util.files import atomic_write_text
+from orchard.core.atomic_write import atomic_write_text
 
 from bench.machine import MachineInfo
 from bench.stats import LatencyStats

@@ -1,6 +1,6 @@
 """JSON Lines files of pydantic models (trajectories, tasks): one model per line, in Orchard's own JSON.
 
-Writing a whole file is atomic (`orchard.util.files.atomic_write_bytes`), so readers never see half a
+Writing a whole file is atomic (`orchard.core.atomic_write.atomic_write_bytes`), so readers never see half a
 file. Appending is how a resumable evaluation records results: each
 line is written, flushed and fsync'd on its own, under an exclusive lock, so a crash loses at most the line
 being written. Such an interrupted line (the file's last, with no newline) is skipped by `read_jsonl` and
@@ -18,9 +18,9 @@ from typing import BinaryIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from orchard.core.atomic_write import atomic_write_bytes
 from orchard.core.errors import InvalidRequest, first_problem, NotFound
 from orchard.core.trajectory import Trajectory
-from orchard.util.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

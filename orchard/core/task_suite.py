@@ -16,10 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchard.core.atomic_write import atomic_write_bytes
 from orchard.core.errors import InvalidRequest, NotFound, first_problem
 from orchard.core.jsonl import read_jsonl, write_jsonl
 from orchard.core.task import SWEBenchInstance, Task
-from orchard.util.files import atomic_write_bytes
 
 MANIFEST_FILE = "suite.json"
 TASKS_FILE = "tasks.jsonl"

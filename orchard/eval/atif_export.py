@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchard.core.atif import to_atif
+from orchard.core.atomic_write import atomic_write_bytes
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.jsonl import read_jsonl
 from orchard.core.trajectory import Trajectory
 from orchard.eval.results import TRAJECTORIES_FILE
-from orchard.util.files import atomic_write_bytes
 
 MAX_NAME_CHARS = 200  # file systems allow 255 bytes a name
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

@@ -15,10 +15,10 @@ from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, Field, ValidationError
 
+from orchard.core.atomic_write import atomic_write_bytes
 from orchard.core.run_status import PhaseRecord
 from orchard.core.sandbox import StartupTimings
 from orchard.core.trajectory import LLMCall, Trajectory
-from orchard.util.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from orchard.core.atomic_write import atomic_write_text
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.trajectory import Content, Trajectory
 from orchard.eval.cells import harness_options_text, model_settings_text, suite_key, suite_text
@@ -23,7 +24,6 @@ from orchard.eval.matrix import RESAMPLES, SEED, Interval, MatrixRow, matrix_row
 from orchard.eval.results import RESULTS_FILE, EvalResults, TaskResult, latest_by_task, read_results, read_trajectories
 from orchard.eval.summary import startup_text, versus_text
 from orchard.eval.study import STUDY_FILE, StudyCell, study_run_directories
-from orchard.util.files import atomic_write_text
 
 TEMPLATE = "report.html.jinja"
 MAX_TEXT_CHARS = 20_000

@@ -21,12 +21,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from orchard.core.atomic_write import atomic_write_bytes
 from orchard.core.jsonl import read_jsonl
 from orchard.core.run_status import is_agent_outcome
 from orchard.core.sandbox import STARTUP_STAGES, StartupTimings
 from orchard.core.trajectory import Trajectory
 from orchard.eval.run_config import EvalConfig, read_model_file
-from orchard.util.files import atomic_write_bytes
 
 RESULTS_FILE = "results.json"
 TRAJECTORIES_FILE = "trajectories.jsonl"

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchard.core.atomic_write import atomic_write_bytes
 from orchard.core.errors import InvalidRequest, OrchardError, first_problem
 from orchard.core.harness import SamplingParams
 from orchard.core.task_suite import TaskSuite
-from orchard.util.files import atomic_write_bytes
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -21,11 +21,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from orchard.core.atomic_write import atomic_write_bytes
 from orchard.core.errors import InvalidRequest, OrchardError, exception_text
 from orchard.eval.results import EvalResults, read_results
 from orchard.eval.run_config import read_model_file
 from orchard.eval.suites import load_suite, select_tasks
-from orchard.util.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from orchard.core.atomic_write import atomic_write_text
 from orchard.core.errors import InvalidRequest, OrchardError
 from orchard.sandbox.images.archive import ArchiveImage, read_image
 from orchard.sandbox.images.blobs import READ_ERRORS, ArchiveFiles, LayerPipe, parse_digest
 from orchard.sandbox.images.models import IdMap, ImageIndex, ImageRecord
 from orchard.sandbox.images.refs import name_variants, normal_name, strip_oci_prefix
 from orchard.sandbox.images.unpack import RootWriter, write_error
-from orchard.util.files import atomic_write_text
 
 INDEX_NAME = "index.json"
 RECORD_NAME = "image.json"

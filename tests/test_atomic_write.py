@@ -1,4 +1,4 @@
-"""orchard.util.files: the one atomic write every on-disk format of Orchard goes through."""
+"""orchard.core.atomic_write: the one atomic write every on-disk format of Orchard goes through."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from orchard.util.files import atomic_write_bytes, atomic_write_text
+from orchard.core.atomic_write import atomic_write_bytes, atomic_write_text
 
 
 @pytest.mark.parametrize("durable", [True, False])
