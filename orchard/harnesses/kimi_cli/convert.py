@@ -29,27 +29,12 @@ from orchard.core.sandbox import Sandbox
 from orchard.core.trajectory import (
     Agent, Observation, ObservationResult, Step, SubagentTrajectoryRef, ToolCall, Trajectory,
 )
+from orchard.harnesses.in_sandbox.native_log import parse_jsonl
 
 SESSIONS = "sessions"
 COMPACTION_PREFIX = "Previous context has been compacted."
 _ROTATED = re.compile(r"^context_(\d+)\.jsonl$")
 LOG_NAMES = ("context.jsonl", "wire.jsonl", "state.json", "meta.json", "prompt.txt")
-
-
-def parse_jsonl(data: bytes) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file; a line cut short (the writer was killed) and what follows it are
-    dropped."""
-    records = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 @dataclass

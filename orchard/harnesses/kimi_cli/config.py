@@ -1,13 +1,11 @@
-"""How Kimi-CLI is started inside the sandbox: its config file (the gateway as an OpenAI-compatible provider),
-its environment and its command line. Everything it writes goes under a share dir outside the task's workdir,
-so the patch never picks it up."""
+"""Kimi-CLI's config file: the gateway as its one OpenAI-compatible provider. Everything Kimi writes goes
+under a share dir outside the task's workdir, so the patch never picks it up."""
 
 from __future__ import annotations
 
 import json
 
 from orchard.core.harness import ModelConfig
-from orchard.core.harness_bundle import HarnessBundleSpec
 
 SHARE_DIR = "/tmp/.orchard-kimi"  # KIMI_SHARE_DIR: sessions, logs, config; outside every task's workdir
 CONFIG_FILE = f"{SHARE_DIR}/config.toml"
@@ -43,18 +41,3 @@ def config_toml(model: ModelConfig, *, max_context_size: int, max_steps: int) ->
         "max_retries_per_step = 1",
         "",
     ])
-
-
-def environment(spec: HarnessBundleSpec) -> dict[str, str]:
-    """The environment Kimi runs with: its bundle's (telemetry and auto-update off), its share dir, the
-    bundle's `bin/` (ripgrep, for its Grep tool), which `command` puts first on the task's own PATH."""
-    return {**spec.entry_env(), "KIMI_SHARE_DIR": SHARE_DIR, "ORCHARD_KIMI_BIN": f"{spec.mount_point()}/bin",
-            "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200"}
-
-
-def command(spec: HarnessBundleSpec, workdir: str) -> list[str]:
-    """`kimi --print --output-format stream-json`, auto-approving, in `workdir`. The prompt goes in on stdin
-    (print mode reads it there when there is no `--prompt`), so no argument length limit applies to it."""
-    kimi = spec.entry_argv("--print", "--output-format", "stream-json", "--yolo", "--afk",
-                           "--config-file", CONFIG_FILE, "--model", MODEL_ALIAS, "--work-dir", workdir)
-    return ["sh", "-c", 'PATH="$ORCHARD_KIMI_BIN:$PATH" exec "$@"', "kimi", *kimi]
