@@ -1,11 +1,12 @@
 """The layering docs/architecture.md draws, checked against the code's imports (every `import` and
 `from ... import` in orchard/, at module level or inside functions): each package imports only the
-packages the page puts below it, the in-sandbox agent imports nothing of Orchard, and production code
-never imports the test doubles in orchard.testing."""
+packages the page puts below it, the in-sandbox agent imports nothing of Orchard, production code never
+imports the test doubles in orchard.testing, and no module imports one that imports it back."""
 
 from __future__ import annotations
 
 import ast
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,14 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "orchard"
 
 BELOW = {"orchard.core", "orchard.util"}
+# The package root's face (`import orchard`, its version), for the packages above it. orchard/__init__.py
+# imports core and util, so neither may import it back; the agent imports nothing of Orchard.
 PACKAGE_FACE = {"orchard", "orchard.__version__"}
-# package -> the Orchard packages it may import (besides itself). Longest prefix wins.
+WITHOUT_FACE = {"orchard.core", "orchard.util", "orchard.sandbox.agent"}
+# package -> the Orchard packages it may import (besides itself). Longest prefix wins. Core is the ground
+# floor: it imports nothing of Orchard; util imports core only.
 ALLOWED: dict[str, set[str]] = {
-    "orchard.core": {"orchard.util.files"},
+    "orchard.core": set(),
     "orchard.util": {"orchard.core"},
     "orchard.sandbox.agent": set(),
     "orchard.policies": BELOW,
@@ -38,6 +43,8 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> set[str]:
+    """The Orchard names `path` imports, anywhere in it. `from X import a` gives X and X.a (a submodule or a
+    name of X's: the cycle test keeps the modules); `from orchard import a` gives orchard.a only."""
     module = _module_name(path)
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -49,8 +56,10 @@ def _imports(path: Path) -> set[str]:
                 name = ".".join([*base, node.module] if node.module else base)
             else:
                 name = node.module or ""
-            # `from orchard import testing` imports a package, `from orchard.x import f` a name of one
-            found.update(f"{name}.{alias.name}" for alias in node.names) if name == "orchard" else found.add(name)
+            # `from orchard import testing` imports a package, not the root's face
+            found.update(f"{name}.{alias.name}" for alias in node.names)
+            if name != "orchard":
+                found.add(name)
     return {name for name in found if name == "orchard" or name.startswith("orchard.")}
 
 
@@ -74,8 +83,9 @@ def test_imports_follow_the_layers(path):
     if package is None:  # orchard/__init__.py, orchard/demo.py: the top, like the CLI
         package = "orchard.cli"
     allowed = ALLOWED[package] | {package}
-    face = PACKAGE_FACE if package != "orchard.sandbox.agent" else set()  # the package's version, location
-    wrong = sorted(name for name in _imports(path) if not _within(name, allowed) and name not in face)
+    face = PACKAGE_FACE if package not in WITHOUT_FACE else set()
+    wrong = {name for name in _imports(path) if not _within(name, allowed) and name not in face}
+    wrong = sorted(name for name in wrong if name.rpartition(".")[0] not in wrong)  # the modules, not their names
     assert not wrong, f"{module} ({package}) imports {wrong}: see docs/architecture.md for what it may use"
 
 
@@ -84,3 +94,48 @@ def test_production_code_never_imports_the_test_doubles():
                    if _package_of(_module_name(path)) != "orchard.testing"
                    and any(_within(name, {"orchard.testing"}) for name in _imports(path)))
     assert not users, f"{users} import orchard.testing, which holds test doubles and suites only"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the modules of orchard/ it imports, at module level or inside functions."""
+    paths = {_module_name(path): path for path in _sources()}
+    return {module: {name for name in _imports(path) if name in paths and name != module}
+            for module, path in paths.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest circle through each module that is on any (a, b, ..., a), each circle once."""
+    circles = {}
+    for start in sorted(graph):
+        came_from = {start: None}
+        queue = deque([start])
+        while queue:
+            module = queue.popleft()
+            if start in graph[module]:  # back at the start: the shortest way round
+                chain = [module]
+                while came_from[chain[-1]] is not None:
+                    chain.append(came_from[chain[-1]])
+                chain.reverse()
+                first = chain.index(min(chain))  # one circle, whichever module it was found from
+                circles.setdefault(tuple(chain[first:] + chain[:first]), None)
+                break
+            for imported in sorted(graph[module] - came_from.keys()):
+                came_from[imported] = module
+                queue.append(imported)
+    return [[*circle, circle[0]] for circle in circles]
+
+
+def test_circles_are_found_and_told_as_chains():
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"b"}, "e": {"a"}}
+    assert _circles(graph) == [["a", "b", "a"], ["b", "c", "d", "b"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.xfail(strict=False, reason="until the work breaking the last circles is in: orchard/recipes' "
+                                        "translate_captured <-> translate_dialects, translate_actions <-> "
+                                        "translate_agents; orchard/sandbox/server's service, pools, pool_claim, "
+                                        "quarantine, upkeep")
+def test_no_module_imports_one_that_imports_it_back():
+    circles = _circles(_import_graph())
+    assert not circles, "import circles (move the shared piece into a module of its own):\n" + "\n".join(
+        " → ".join(circle) for circle in circles)
