@@ -9,15 +9,12 @@ import json
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from orchard.core.errors import InvalidRequest, OrchardError, exception_text
 from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec, StartupTimings
 from orchard.sandbox.server.admission import spec_fingerprint
-
-if TYPE_CHECKING:
-    from orchard.sandbox.server.pools import PoolManager, _Pool
+from orchard.sandbox.server.pool_state import PoolHost, PoolState
 
 log = logging.getLogger("orchard.sandbox.server.pools")
 
@@ -27,7 +24,7 @@ _OVER_CAP = "the owner is at its per-owner cap"
 _CLAIM_FAILED = "claim failed: "  # + why; the member was deleted
 
 
-async def claim_from(manager: "PoolManager", pool: "_Pool", spec: SandboxSpec, owner: str, started: float,
+async def claim_from(manager: PoolHost, pool: PoolState, spec: SandboxSpec, owner: str, started: float,
                      idempotency_key: str | None, key: str, why_not: str | None = None, *,
                      max_per_owner: int | None = None) -> tuple[SandboxInfo | None, SandboxPoolInfo | None]:
     failed: list[str] = []
@@ -59,7 +56,7 @@ async def claim_from(manager: "PoolManager", pool: "_Pool", spec: SandboxSpec, o
                        f"{'; '.join(failed)[:500]}); no other was started: made cold")
     return None, SandboxPoolInfo(name=pool.spec.name, template=key, fallback_reason=why_not)
 
-async def hand_out(manager: "PoolManager", pool: "_Pool", sandbox_id: str, spec: SandboxSpec, owner: str,
+async def hand_out(manager: PoolHost, pool: PoolState, sandbox_id: str, spec: SandboxSpec, owner: str,
                    started: float, idempotency_key: str | None,
                    max_per_owner: int | None = None) -> tuple[SandboxInfo | None, str | None]:
     store = manager.service.store

@@ -23,15 +23,14 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
 from orchard.core.errors import CapacityExceeded, InvalidRequest
 from orchard.core.pool import PoolSpec, PoolStatus, PoolsConfig, template_differences, template_key
 from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec
 from orchard.sandbox.server.pool_claim import claim_from
-
-if TYPE_CHECKING:
-    from orchard.sandbox.server.service import SandboxService
+from orchard.sandbox.server.pool_state import PoolState
+from orchard.sandbox.server.service_face import ServiceFace
 
 log = logging.getLogger("orchard.sandbox.server.pools")
 
@@ -61,29 +60,6 @@ def check_caller_owner(owner: str) -> None:
                              "the orchestrator's warm pools; pick another owner name")
 
 
-class _Pool:
-    """One configured pool as it runs: its idle members (id, when started on the monotonic clock)."""
-
-    def __init__(self, spec: PoolSpec) -> None:
-        self.spec = spec
-        self.key = spec.template
-        self.idle: deque[tuple[str, float]] = deque()
-        self.starting = 0
-        self.target = spec.min_ready
-        self.claims = self.misses = self.started = self.failed = self.drained = self.evicted = 0
-        self.failures_in_a_row = 0
-        self.next_start = 0.0
-        self.last_error: str | None = None
-        self.retired = False
-
-    def status(self) -> PoolStatus:
-        return PoolStatus(name=self.spec.name, template=self.key, min_ready=self.spec.min_ready,
-                          max_size=self.spec.size_cap, target=self.target, idle=len(self.idle),
-                          starting=self.starting, claims=self.claims, misses=self.misses, started=self.started,
-                          failed=self.failed, drained=self.drained, evicted=self.evicted,
-                          last_error=self.last_error)
-
-
 def pools_of(pools: PoolsConfig | Iterable[PoolSpec] | PoolSpec | None) -> list[PoolSpec]:
     """The pool specs in any of the accepted shapes, validated together (unique names and templates)."""
     if pools is None:
@@ -98,10 +74,10 @@ def pools_of(pools: PoolsConfig | Iterable[PoolSpec] | PoolSpec | None) -> list[
 class PoolManager:
     """The pools of one `SandboxService` (which calls `start`, `claim`, `stop`)."""
 
-    def __init__(self, service: "SandboxService", pools: PoolsConfig | Iterable[PoolSpec] | None = None) -> None:
+    def __init__(self, service: ServiceFace, pools: PoolsConfig | Iterable[PoolSpec] | None = None) -> None:
         self.service = service
-        self.pools: dict[str, _Pool] = {}
-        self._by_key: dict[str, _Pool] = {}
+        self.pools: dict[str, PoolState] = {}
+        self._by_key: dict[str, PoolState] = {}
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
@@ -116,21 +92,21 @@ class PoolManager:
         idle members are deleted, never handed out (nor those still starting, once they are up)."""
         specs = pools_of(pools)
         for spec in specs:  # refused now, not at every member start
-            member = self.member_spec(_Pool(spec))
+            member = self.member_spec(PoolState(spec))
             try:
                 self.service.backend.capabilities.check(member, self.service.backend.name)
                 self.service.limits.check(member)
             except InvalidRequest as e:
                 raise InvalidRequest(f"pool {spec.name}: {e}") from None
         self._check_caps(specs)
-        new: dict[str, _Pool] = {}
+        new: dict[str, PoolState] = {}
         for spec in specs:
             old = self.pools.get(spec.name)
             if old is not None and old.key == spec.template:
                 old.spec, old.target = spec, max(spec.min_ready, min(old.target, spec.size_cap))
                 new[spec.name] = old
             else:
-                new[spec.name] = _Pool(spec)
+                new[spec.name] = PoolState(spec)
         retired = [p for name, p in self.pools.items() if new.get(name) is not p]
         self.pools, self._by_key = new, {p.key: p for p in new.values()}
         for pool in retired:
@@ -162,7 +138,7 @@ class PoolManager:
     @property
     def stopping(self) -> bool:
         """This manager or its service is stopping: no member starts."""
-        return self._stopping or self.service._closing
+        return self._stopping or self.service.closing
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -198,7 +174,7 @@ class PoolManager:
 
     # --- claims ------------------------------------------------------------------------------------------
 
-    def match(self, spec: SandboxSpec, pool_name: str | None) -> tuple[_Pool | None, str | None]:
+    def match(self, spec: SandboxSpec, pool_name: str | None) -> tuple[PoolState | None, str | None]:
         """The pool a create of `spec` claims from, or (None, why not) for an explicitly named pool that
         cannot serve it. (None, None): no pool is involved."""
         if pool_name is not None:
@@ -313,13 +289,13 @@ class PoolManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def member_spec(self, pool: _Pool) -> SandboxSpec:
+    def member_spec(self, pool: PoolState) -> SandboxSpec:
         ttl = pool.spec.member_timeout_s
         if self.service.limits.timeout_s is not None:
             ttl = min(ttl, self.service.limits.timeout_s)
         return pool.spec.spec.model_copy(update={"timeout_s": ttl, "heartbeat_timeout_s": None})
 
-    async def _start_member(self, pool: _Pool) -> None:
+    async def _start_member(self, pool: PoolState) -> None:
         try:
             info = await self.service.create(
                 self.member_spec(pool), owner=member_owner(pool.spec.name),
@@ -346,7 +322,7 @@ class PoolManager:
         else:
             pool.idle.append((info.id, time.monotonic()))
 
-    def discard(self, pool: _Pool, sandbox_id: str, reason: str) -> None:
+    def discard(self, pool: PoolState, sandbox_id: str, reason: str) -> None:
         """Delete an unclaimed member in the background."""
         pool.drained += 1
 
@@ -397,5 +373,5 @@ class PoolManager:
             if pool is not None and pool.key == member.template and age < pool.spec.max_idle_s and not self._stopping:
                 pool.idle.append((record.info.id, now - age))
             else:
-                self.discard(pool or _Pool(PoolSpec(name=member.name, min_ready=0)), record.info.id,
+                self.discard(pool or PoolState(PoolSpec(name=member.name, min_ready=0)), record.info.id,
                               "deleted: a pool member whose pool's template changed or is gone")

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchard.core.backend import BackendSandbox
 from orchard.sandbox.server.models import QuarantinedRow
-
-if TYPE_CHECKING:
-    from orchard.sandbox.server.service import SandboxService
+from orchard.sandbox.server.service_face import ServiceFace
 
 log = logging.getLogger("orchard.sandbox.server")
 
 
-async def clean_up_quarantined(service: "SandboxService") -> list[str]:
+async def clean_up_quarantined(service: ServiceFace) -> list[str]:
     """Delete the sandbox of every quarantined sandbox row not cleaned up yet; returns their ids."""
     cleaned = []
     for row in service.store.quarantined(kind="sandbox", pending_only=True):

@@ -18,19 +18,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from orchard.core.errors import (BackendError, InvalidRequest, OrchardError, SandboxLost, SandboxNotFound,
-                                 describe_validation_errors)
+from orchard.core.errors import BackendError, OrchardError, SandboxLost, SandboxNotFound
 from orchard.core.backend import Backend, BackendConfig, BackendSandbox
 from orchard.core.pool import PoolSpec, PoolsConfig
-from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec, StartupTimings
+from orchard.core.sandbox import SandboxInfo, SandboxPoolInfo, SandboxSpec
 from orchard.sandbox.backends.registry import create_backend
 from orchard.sandbox.server import instances, upkeep
 from orchard.sandbox.server.admission import Admission, CapsStats, CreateCaps
+from orchard.sandbox.server.create_steps import new_sandbox_id, startup_timings, validated_spec
 from orchard.sandbox.server.home import resolve_home, resolved_backend_config, state_db_path
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
 from orchard.sandbox.server.pools import PoolManager, check_caller_owner
+from orchard.sandbox.server.service_face import CreateInFlight
 from orchard.sandbox.server.spec_limits import SpecLimits, spec_limits
 from orchard.sandbox.server.store import SandboxStore
 
@@ -38,10 +37,6 @@ log = logging.getLogger("orchard.sandbox.server")
 
 ACTIVE_STATES = ("creating", "ready", "deleting")
 VISIBLE_STATES = ("creating", "ready", "deleting", "lost")
-
-
-def new_sandbox_id() -> str:
-    return f"sb-{secrets.token_hex(6)}"
 
 
 class SandboxService:
@@ -86,6 +81,11 @@ class SandboxService:
         return cls(create_backend(config), SandboxStore(state_db_path(home)), **{"ephemeral": True, **options})
 
     # --- lifecycle of the service ----------------------------------------------------------------------
+
+    @property
+    def closing(self) -> bool:
+        """Whether the service is stopping (it takes no more creates)."""
+        return self._closing
 
     async def start(self) -> ReconcileReport:
         """Register this instance, reconcile with the backend, then reap in the background."""
@@ -171,7 +171,7 @@ class SandboxService:
         started = time.monotonic()
         if _pool_member is None:
             check_caller_owner(owner)
-        spec = _validated_spec(spec)
+        spec = validated_spec(spec)
         self.backend.capabilities.check(spec, self.backend.name)
         self.limits.check(spec)
         pooled = _pool_member
@@ -205,7 +205,7 @@ class SandboxService:
             made = await self.backend.create(sandbox_id, spec, token, owner=owner)
             record.backend = made
             info.agent_url, info.state, info.last_heartbeat = made.agent_url, "ready", time.time()
-            info.startup = _startup(made, started, admitted_at, time.monotonic())
+            info.startup = startup_timings(made, started, admitted_at, time.monotonic())
             if not self.store.update_if_state(record, "creating"):  # deleted meanwhile (another instance)
                 raise SandboxLost(f"sandbox {sandbox_id} was deleted while it was being created")
             return info.model_copy(deep=True)
@@ -394,35 +394,6 @@ class SandboxService:
                     log.info("reaped sandboxes %s", reaped)
             except Exception:
                 log.exception("the sandbox reaper failed; retrying in %g s", self.reap_interval_s)
-
-
-class CreateInFlight:
-    """A create() in progress: `ended` is set when it returns or fails. Tied to its event loop (the one
-    place it can be awaited from)."""
-
-    def __init__(self) -> None:
-        self.ended = asyncio.Event()
-        self.loop = asyncio.get_running_loop()
-
-
-def _startup(made: BackendSandbox, started: float, admitted_at: float, ready_at: float) -> StartupTimings:
-    """The stages of one create: the admission wait and the whole as the service timed them, the backend's
-    own stages as it reported them (else its whole create as one stage)."""
-    total_ms, backend_ms = (ready_at - started) * 1000, (ready_at - admitted_at) * 1000
-    reported = made.timings
-    stages = reported.model_dump(exclude={"total_ms", "admission_wait_ms", "pool_claim_ms"}) if reported else {}
-    if not any(v is not None for v in stages.values()):
-        stages = {"backend_create_ms": backend_ms}
-    return StartupTimings(admission_wait_ms=(admitted_at - started) * 1000, total_ms=total_ms, **stages)
-
-
-def _validated_spec(spec: SandboxSpec | dict) -> SandboxSpec:
-    """Validate again: a spec built with `model_construct` or changed after creation skipped validation."""
-    try:
-        data = spec.model_dump() if isinstance(spec, SandboxSpec) else spec
-        return SandboxSpec.model_validate(data)
-    except ValidationError as e:
-        raise InvalidRequest(f"invalid sandbox spec: {describe_validation_errors(e.errors())}") from e
 
 
 def gone_message(info: SandboxInfo) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import SandboxInfo
@@ -22,14 +21,12 @@ from orchard.sandbox.server import instances
 from orchard.sandbox.server.models import ReconcileReport, SandboxRecord
 from orchard.sandbox.server.pools import member_owner
 from orchard.sandbox.server.quarantine import clean_up_quarantined
-
-if TYPE_CHECKING:
-    from orchard.sandbox.server.service import SandboxService
+from orchard.sandbox.server.service_face import ServiceFace
 
 log = logging.getLogger("orchard.sandbox.server")
 
 
-async def reap(service: "SandboxService") -> list[str]:
+async def reap(service: ServiceFace) -> list[str]:
     now = time.time()
     service.me.last_seen = now
     service.store.save_service(service.me)
@@ -49,7 +46,7 @@ async def reap(service: "SandboxService") -> list[str]:
     return reaped
 
 
-async def reconcile(service: "SandboxService") -> ReconcileReport:
+async def reconcile(service: ServiceFace) -> ReconcileReport:
     live = {b.id: b for b in await service.backend.list_live()}
     # Read after list_live: a create inserts its record before the backend makes anything, so a sandbox
     # the backend runs without a record here is truly nobody's. Read before the take-over, which settles
@@ -70,7 +67,7 @@ async def reconcile(service: "SandboxService") -> ReconcileReport:
     return report
 
 
-async def take_over_dead_instances(service: "SandboxService",
+async def take_over_dead_instances(service: ServiceFace,
                                    live: dict[str, BackendSandbox] | None = None) -> ReconcileReport:
     """Become responsible for the sandboxes of instances whose process is gone, and settle each."""
     me = service.me.id
@@ -92,7 +89,7 @@ async def take_over_dead_instances(service: "SandboxService",
     return report
 
 
-async def _settle(service: "SandboxService", record: SandboxRecord, live: dict[str, BackendSandbox],
+async def _settle(service: ServiceFace, record: SandboxRecord, live: dict[str, BackendSandbox],
                   now: float, report: ReconcileReport, *, adopt: bool) -> None:
     """Decide the fate of a sandbox whose instance died. `adopt` False: its sandboxes died with it (an
     embedded SDK's process), so whatever still runs is an orphan."""
@@ -133,7 +130,7 @@ async def _settle(service: "SandboxService", record: SandboxRecord, live: dict[s
         log.error("could not settle sandbox %s after taking it over: %s", info.id, e)
 
 
-async def _reap_one(service: "SandboxService", record: SandboxRecord, now: float) -> bool:
+async def _reap_one(service: ServiceFace, record: SandboxRecord, now: float) -> bool:
     info = record.info
     if info.state == "deleting":  # an earlier deletion failed
         await service.remove(info.id, info.error)

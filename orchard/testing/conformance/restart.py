@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 
 from orchard.sandbox.backends.registry import create_backend
-from orchard.sandbox.server.service import new_sandbox_id
+from orchard.sandbox.server.create_steps import new_sandbox_id
 from orchard.testing.conformance._rig import ConformanceRig, Orchestrator, live_ids_of
 
 
