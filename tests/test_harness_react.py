@@ -19,6 +19,7 @@ from orchard.gateway.budget import Budget
 from orchard.harnesses.react import ReActHarness
 from orchard.harnesses.react.tools import TOOL_NAMES, SandboxTools, truncate_middle
 from orchard.sandbox.client import AsyncOrchard
+from orchard.testing.memory_sandbox import MemorySandbox
 from tests.harness_rig import (
     assert_recorded,
     assert_valid_and_linked,
@@ -157,18 +158,21 @@ async def test_long_observations_keep_head_and_tail(scripted, gateway, home):
     assert truncate_middle("short", 1000) == "short"
 
 
-async def test_unreachable_model_is_an_error_outcome_with_the_steps_so_far(gateway, home):
+async def test_unreachable_model_is_an_error_outcome_with_the_steps_so_far(gateway):
+    """The first model call fails, so no command is ever run: the sandbox is the in-memory double, which
+    records that the harness asked nothing of it."""
     task = swe_mini_task(TASK_ID)
     behind_gateway = model_config(gateway, model="down")
     nothing_there = ModelConfig(model="policy", base_url=f"http://127.0.0.1:{free_port()}/v1", timeout_s=5)
-    async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
-        for model, reason in ((behind_gateway, "answered 502: cannot reach model 'openai/down'"),
-                              (nothing_there, "cannot reach the model endpoint")):
-            trajectory = await ReActHarness().run(task, sandbox, model)
-            assert trajectory.outcome is not None and reason in trajectory.outcome.error
-            assert trajectory.exit_status == "model_error"
-            assert [step.source for step in trajectory.steps] == ["system", "user"]
-            assert_valid_and_linked(trajectory)
+    sandbox = MemorySandbox(workdir=task.environment.workdir)
+    for model, reason in ((behind_gateway, "answered 502: cannot reach model 'openai/down'"),
+                          (nothing_there, "cannot reach the model endpoint")):
+        trajectory = await ReActHarness().run(task, sandbox, model)
+        assert trajectory.outcome is not None and reason in trajectory.outcome.error
+        assert trajectory.exit_status == "model_error"
+        assert [step.source for step in trajectory.steps] == ["system", "user"]
+        assert_valid_and_linked(trajectory)
+    assert sandbox.calls == []
     failed = gateway.end_rollout(behind_gateway.rollout_key)
     assert len(failed) == 1 and failed[0].error.startswith("model_unreachable")
 
