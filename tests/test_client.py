@@ -17,6 +17,7 @@ import orchard
 from orchard.core.errors import AuthError, BackendError, InvalidRequest, NotFound, OrchardError
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.client import AsyncOrchard, Orchard
+from tests.hang_guard import returns
 from tests.running_server import free_port, live_sandbox_ids, remove_live_sandboxes, running_server
 
 API_KEY = "test-key-0123456789"
@@ -270,12 +271,10 @@ async def test_remote_typed_errors(server, home):
 
 async def test_remote_unreachable_server_is_a_clear_backend_error(home):
     url = f"http://127.0.0.1:{free_port()}"
-    started = time.monotonic()
     async with AsyncOrchard(url, API_KEY) as orch:
         with pytest.raises(BackendError, match="cannot reach the Orchard server") as caught:
-            await orch.list()
+            await returns(orch.list(), "a call to a server that is not there")  # a few connect retries
     assert url in str(caught.value)
-    assert time.monotonic() - started < 10  # a few quick connect retries, not a hang
     with pytest.raises(InvalidRequest, match="http"):
         AsyncOrchard("ftp://example.org", API_KEY)
 

@@ -36,6 +36,7 @@ from orchard.eval.suites import EVAL_DIR_ENV, available_suites, load_suite
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.sandbox.client import AsyncOrchard
+from tests.hang_guard import returns
 from tests.harness_rig import SCRIPTED, scripted_config, tool_calls
 from tests.running_server import free_port, live_sandbox_ids
 
@@ -130,13 +131,12 @@ async def test_a_script_graded_task_is_graded_in_the_agents_sandbox(home, tmp_pa
 
 # --- errors -----------------------------------------------------------------------------------------
 
-async def test_an_unreachable_model_is_recorded_as_errors_quickly(home, tmp_path):
+async def test_an_unreachable_model_is_recorded_as_errors(home, tmp_path):
     config = eval_gateway_config("openai/nowhere", api_base=f"http://127.0.0.1:{free_port()}/v1", api_key="unused")
     out = tmp_path / "run"
-    started = time.monotonic()
-    results = await evaluate(home, out, model="openai/nowhere", config=config, tasks=[PAGEKIT, LOGSTAMP],
-                             parallel=2)
-    assert time.monotonic() - started < 60
+    # no endless retrying of a model that is not there: the run ends (how fast is bench's business)
+    results = await returns(evaluate(home, out, model="openai/nowhere", config=config, tasks=[PAGEKIT, LOGSTAMP],
+                                     parallel=2), "a run against an unreachable model")
     assert [row.status for row in results.tasks] == ["error", "error"]
     summary = results.summary
     assert (summary.errors, summary.finished, summary.failed, summary.resolve_rate) == (2, 0, 0, None)
@@ -147,10 +147,9 @@ async def test_an_unreachable_model_is_recorded_as_errors_quickly(home, tmp_path
 
 async def test_a_harness_past_the_task_timeout_is_an_error_and_its_sandbox_is_deleted(home, tmp_path, scripted):
     scripted.load([{"content": "thinking...", "delay_s": 2.5}], loop=True)
-    started = time.monotonic()
-    results = await evaluate(home, tmp_path / "run", model=SCRIPTED, config=scripted_config(scripted),
-                             tasks=[PAGEKIT], task_timeout_s=1)
-    assert time.monotonic() - started < 30
+    # the script never ends (it loops): only the task timeout ends the run
+    results = await returns(evaluate(home, tmp_path / "run", model=SCRIPTED, config=scripted_config(scripted),
+                                     tasks=[PAGEKIT], task_timeout_s=1), "a run whose harness never finishes")
     (row,) = results.tasks
     assert row.status == "error" and "ran past the task timeout of 1 s" in row.error
 

@@ -135,7 +135,9 @@ async def test_records_messages_tool_calls_token_ids_logprobs_and_latency(script
                            {"content": "two files: a.py, b.py"}])
     client = openai.AsyncOpenAI(base_url=f"{gw_url}/v1", api_key="any", max_retries=0,
                                 default_headers={ROLLOUT_KEY_HEADER: "rec-1"})
+    asked = time.monotonic()
     first = await client.chat.completions.create(model="policy", messages=USER, tools=TOOLS, temperature=0.0)
+    waited_s = time.monotonic() - asked
     call = first.choices[0].message.tool_calls[0]
     assert (call.function.name, json.loads(call.function.arguments)) == ("bash", {"cmd": "ls"})
     followup = [*USER, first.choices[0].message.model_dump(exclude_none=True),
@@ -166,7 +168,8 @@ async def test_records_messages_tool_calls_token_ids_logprobs_and_latency(script
     assert "prompt_token_ids" not in tool_call_record.response  # moved out, not duplicated
     assert answer_record.completion_token_ids == byte_tokens("two files: a.py, b.py")
     assert answer_record.request_messages[-1] == {"role": "tool", "tool_call_id": call.id, "content": "a.py\nb.py"}
-    assert 0.05 <= tool_call_record.latency_s < 5
+    # the latency covers the model's time (the script's 0.05 s) and lies within what the client waited
+    assert 0.05 <= tool_call_record.latency_s <= waited_s
     datetime.fromisoformat(tool_call_record.started_at)
     assert tool_call_record.cost_usd is None  # litellm has no price for a model named "scripted"
     assert records["usage"]["total_tokens"] == sum(c.prompt_tokens + c.completion_tokens for c in calls)
@@ -318,10 +321,8 @@ def test_default_budget_from_the_config(scripted):
 
 # --- errors ----------------------------------------------------------------------------------------
 
-def test_unreachable_backend_is_a_quick_clear_502(gw_url):
-    started = time.monotonic()
-    response = chat(gw_url, "down-1", model="down")
-    assert time.monotonic() - started < 5
+def test_unreachable_backend_is_a_clear_502(gw_url):
+    response = chat(gw_url, "down-1", model="down")  # chat's own timeout fails the test on a hang
     assert response.status_code == 502
     body = response.json()
     assert body["error"] == "model_unreachable"
@@ -332,9 +333,7 @@ def test_unreachable_backend_is_a_quick_clear_502(gw_url):
 
 def test_backend_that_does_not_answer_in_time(scripted, gw_url):
     load_script(scripted, [{"content": "too late", "delay_s": 5}])
-    started = time.monotonic()
-    response = chat(gw_url, "slow-1", model="slow")
-    assert time.monotonic() - started < 4
+    response = chat(gw_url, "slow-1", model="slow")  # had the gateway waited, "too late" would be a 200
     assert response.status_code == 502 and response.json()["error"] == "model_unreachable"
     assert "did not answer within 0.5 s" in response.json()["message"]
     end_rollout(gw_url, "slow-1")
@@ -422,15 +421,16 @@ def test_scripted_server_rejects_a_bad_script(scripted, tmp_path):
 
 
 async def test_scripted_delays_overlap_for_concurrent_requests(scripted):
-    """The per-response delay stands for model time: concurrent requests wait it out side by side."""
-    load_script(scripted, [{"content": "slow model", "delay_s": 1.0}], loop=True)
+    """The per-response delay stands for model time: concurrent requests wait it out side by side, so the
+    quick answers come while the slow one (taken first) still waits; one after another, it would come first."""
+    load_script(scripted, [{"content": "slow", "delay_s": 3.0}, *[{"content": "quick"}] * 3])
     async with httpx.AsyncClient(timeout=30) as client:
-        started = time.monotonic()
-        replies = await asyncio.gather(*(client.post(f"{scripted}/v1/chat/completions",
-                                                     json={"model": "m", "messages": USER}) for _ in range(4)))
-        elapsed = time.monotonic() - started
-    assert [r.json()["choices"][0]["message"]["content"] for r in replies] == ["slow model"] * 4
-    assert 1.0 <= elapsed < 3.0  # one after another would take 4 s
+        async def ask() -> str:
+            reply = await client.post(f"{scripted}/v1/chat/completions", json={"model": "m", "messages": USER})
+            return reply.json()["choices"][0]["message"]["content"]
+
+        in_order_of_arrival = [await reply for reply in asyncio.as_completed([ask() for _ in range(4)])]
+    assert in_order_of_arrival == ["quick"] * 3 + ["slow"]
 
 
 # --- what litellm reaches, and what the gateway costs ------------------------------------------------

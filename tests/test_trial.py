@@ -31,6 +31,7 @@ from orchard.eval.suites import load_suite
 from orchard.eval.task_sandbox import create_task_sandbox
 from orchard.gateway.config import GatewayConfig
 from orchard.sandbox.client import AsyncOrchard
+from tests.hang_guard import returns
 from tests.harness_rig import SCRIPTED, SWE_MINI_DIR, ScriptedModel, scripted_config, tool_calls
 from tests.running_server import remove_live_sandboxes
 
@@ -366,16 +367,15 @@ async def test_the_harness_setup_phase_runs_first_and_a_failing_one_is_a_harness
     assert [(p.name, p.result) for p in failed.phases] == [("environment", "ok"), ("harness_setup", "error")]
 
 
-async def test_no_trial_outlives_its_deadline_by_more_than_a_few_seconds(home):
-    """One deadline covers every phase: a setup that would hang for a minute is cut at the trial's."""
+async def test_no_trial_outlives_its_deadline(home):
+    """One deadline covers every phase: a setup that would hang for ten minutes is cut at the trial's."""
     from orchard.core.task import ScriptGrader
     from orchard.eval.run_config import TrialTimeouts
 
-    task = Task(id="slow-setup", instruction="-", environment=TaskEnvironment(setup=["sleep 60"]),
+    task = Task(id="slow-setup", instruction="-", environment=TaskEnvironment(setup=["sleep 600"]),
                 grader=ScriptGrader(script="true"))
-    started = time.monotonic()
-    trajectory = await _run_trial(home, _SetupHarness(), task, TrialTimeouts(trial_s=3))
-    assert time.monotonic() - started < 3 + 10  # the deadline, plus deleting the sandbox
+    trajectory = await returns(_run_trial(home, _SetupHarness(), task, TrialTimeouts(trial_s=3)),
+                               "a trial whose setup outlives its deadline")
     assert trajectory.exit_status == "environment_error" and "ran past" in trajectory.outcome.error
     assert trajectory.phases[0].result == "timeout" and trajectory.phases[0].timeout_s == pytest.approx(3, abs=0.5)
 
