@@ -1,5 +1,5 @@
 """ATIF exports are valid ATIF of the version they declare, checked by an independent validator written
-from the spec (tests/atif_spec.py): the schema's own fixtures, and real trajectories of the react and
+from the spec (orchard/testing/atif_spec.py): the schema's own fixtures, and real trajectories of the react and
 mini-swe-agent harnesses (run with the scripted model server, a stand-in for the model only, behind the
 real gateway, in real sandboxes). `orchard export atif RUN_DIR OUT_DIR` writes them as files."""
 
