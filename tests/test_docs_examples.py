@@ -28,6 +28,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/docker.md": {"tests/test_docs_docker.py": {"daemon", "cli", "run"}},
     "docs/training.md": {"tests/recipes/test_training_docs.py": {"cli", "python", "example-file", "in-file"}},
     "docs/conformance.md": {"tests/conformance/test_local.py": {"in-file"}},
+    "docs/harness-conformance.md": {"tests/test_harness_conformance.py": {"in-file"}},
     "docs/models.md": {"tests/test_model_registry.py": {"model-module", "model-entry-point", "model-cli"},
                        PAGES_MODULE: {"cli", "yaml"}},
     "docs/evaluation.md": {"tests/test_trial.py": {"cli"}},
