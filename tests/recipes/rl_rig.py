@@ -9,7 +9,7 @@ from typing import Any
 
 from orchard.core.errors import ModelError
 from orchard.core.task import Task
-from orchard.recipes.rl_guide import oracle_text
+from orchard.recipes.rl.guide import oracle_text
 
 GIVE_UP = '<tool_call>\n{"name": "submit", "arguments": {"summary": "giving up"}}\n</tool_call>'
 

@@ -13,7 +13,7 @@ from orchard.core.trajectory import Agent, LLMCall, Outcome, Step, Trajectory
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.runner import run_eval
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
+from orchard.recipes.common.tiny_models import smollm2_tokenizer, tiny_qwen3
 from orchard.sandbox.client import AsyncOrchard
 from tests.running_server import remove_live_sandboxes
 

@@ -8,9 +8,16 @@ import random
 
 import pytest
 
-from orchard.recipes.bar import (BalancedAllocator, BarConfig, DynamicSamplingAllocator, FixedGroupAllocator,
-                                 PromptHistory, drive, make_allocator)
-from orchard.recipes.bar_simulation import coin_flips, hard_swe_pass_rates, simulate_run
+from orchard.recipes.bar.allocator import drive
+from orchard.recipes.bar.config import BarConfig
+from orchard.recipes.bar.records import PromptHistory
+from orchard.recipes.bar.simulation import coin_flips, hard_swe_pass_rates, simulate_run
+from orchard.recipes.bar.strategies import (
+    BalancedAllocator,
+    DynamicSamplingAllocator,
+    FixedGroupAllocator,
+    make_allocator,
+)
 
 
 def sampler(pass_rates: dict[str, float], seed: int = 0, error_rate: float = 0.0):
@@ -183,7 +190,7 @@ def test_a_task_that_showed_both_rewards_is_not_retired_for_the_run_by_one_unluc
 def test_at_an_equal_budget_every_strategy_stays_within_it_and_the_simulated_policy_learns():
     """bench/rl_wasted_rollouts.py's comparison: runs stop before the step that would pass the budget, and
     the simulated policy's mean pass rate rises with the groups it trains on."""
-    from orchard.recipes.bar_learning import learning_run
+    from orchard.recipes.bar.learning import learning_run
 
     rates = hard_swe_pass_rates(200, seed=3)
     for strategy, memory in (("bar", None), ("dapo", True), ("fixed", None)):

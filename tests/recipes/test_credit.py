@@ -18,16 +18,16 @@ from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
 from orchard.eval.suites import load_suite
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.recipes.credit import (
+from orchard.recipes.credit.assign import (
     RecoveredStep,
     assign_credit,
     build_credit_examples,
     cap_failure_steps,
     credit_from_values,
 )
-from orchard.recipes.credit_judge import JudgeConfig, judge_values, parse_values
-from orchard.recipes.credit_proxies import changed_lines, diff_overlap, patch_files
-from orchard.recipes.credit_values import CreditSettings, Segment, ascent_segments, deltas, peak_index, smooth
+from orchard.recipes.credit.judge import JudgeConfig, judge_values, parse_values
+from orchard.recipes.credit.proxies import changed_lines, diff_overlap, patch_files
+from orchard.recipes.credit.values import CreditSettings, Segment, ascent_segments, deltas, peak_index, smooth
 from orchard.sandbox.client import AsyncOrchard
 from tests.harness_rig import POLICY, tool_calls
 from tests.running_server import remove_live_sandboxes
@@ -180,7 +180,7 @@ async def test_sandbox_proxies_value_a_real_failed_rollout_and_credit_its_ascent
     assert agent_ids[-1] not in weights  # never the failed submission
     assert all(w == pytest.approx(s.delta) for s in credit.steps for w in [weights.get(s.step_id)] if w)
 
-    from orchard.recipes.tiny_models import smollm2_tokenizer
+    from orchard.recipes.common.tiny_models import smollm2_tokenizer
 
     built = build_credit_examples([bad, good], smollm2_tokenizer(), report)
     assert report.recovered and report.failure_tokens > 0 and report.resolved_tokens > 0
@@ -209,8 +209,8 @@ async def test_the_judge_is_asked_through_the_gateway_with_the_gold_patch(failed
 
 @pytest.mark.slow
 def test_credit_with_translation_trains_the_credited_steps_in_the_target_harness(failed, tmp_path):
-    from orchard.recipes.credit_sft import CREDIT_REPORT_FILE, prepare_examples
-    from orchard.recipes.tiny_models import smollm2_tokenizer
+    from orchard.recipes.common.tiny_models import smollm2_tokenizer
+    from orchard.recipes.credit.sft import CREDIT_REPORT_FILE, prepare_examples
 
     (bad, good), _ = failed
     prepared = prepare_examples([bad, good], smollm2_tokenizer(), target_harness="mini-swe-agent",
@@ -232,12 +232,12 @@ def test_orchard_train_sft_with_credit_and_a_target_harness(failed, tmp_path):
     from typer.testing import CliRunner
 
     from orchard.cli.main import app
-    from orchard.recipes.credit_sft import CREDIT_REPORT_FILE
+    from orchard.recipes.credit.sft import CREDIT_REPORT_FILE
     from tests.recipes.sft_rig import tiny_model_dir
 
     _, directory = failed
     config = tmp_path / "credit.yaml"
-    shipped = (Path(__file__).resolve().parents[2] / "orchard" / "recipes" / "credit.yaml").read_text()
+    shipped = (Path(__file__).resolve().parents[2] / "orchard" / "recipes" / "credit" / "credit.yaml").read_text()
     config.write_text(shipped.replace("run_tests: true", "run_tests: false"))
     model = tiny_model_dir(tmp_path / "tiny")
     out = tmp_path / "sft"

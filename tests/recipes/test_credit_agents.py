@@ -1,7 +1,7 @@
 """Credit assignment on failed rollouts of the harnesses that run inside the sandbox: the real Kimi-CLI and
 OpenHands (from their bundles, the session's cache) run a swe-mini task with a script policy that makes a
 wrong fix, and their rollouts are replayed with react's tools, each call as the exact equivalent of that
-harness's own tool (orchard.recipes.credit_replay). The replay must end with the diff the harness left, and
+harness's own tool (orchard.recipes.credit.replay). The replay must end with the diff the harness left, and
 the diff after each step gives the hindsight values. Fast tests: the exact scripts run with real bash
 against what the harnesses' tools do (their code, read from Kimi-CLI 1.51.0 and the OpenHands SDK 1.58.2),
 and the calls refused."""
@@ -15,10 +15,10 @@ import pytest
 
 from orchard.core.trajectory import Agent, Observation, ObservationResult, Step, ToolCall, Trajectory
 from orchard.eval.suites import load_suite
-from orchard.recipes.credit import assign_credit
-from orchard.recipes.credit_replay import REFUSED, UnreplayableCall, exact_plan
-from orchard.recipes.credit_values import CreditSettings
-from orchard.recipes.translate_harness_replay import run_scripted
+from orchard.recipes.credit.assign import assign_credit
+from orchard.recipes.credit.replay import REFUSED, UnreplayableCall, exact_plan
+from orchard.recipes.credit.values import CreditSettings
+from orchard.recipes.translate.harness_replay import run_scripted
 from orchard.sandbox.client import AsyncOrchard
 from tests.recipes.test_translate import PAGEKIT
 from tests.recipes.test_translate_agents import _call, _reply

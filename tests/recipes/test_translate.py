@@ -17,9 +17,9 @@ from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
 from orchard.eval.suites import load_suite
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.recipes.translate import UntranslatableCall, translate_all, translate_trajectory
-from orchard.recipes.translate_actions import MINI_SUBMIT_COMMAND, Create, Replace, View, shell_command
-from orchard.recipes.translate_replay import replay_patch
+from orchard.recipes.translate.actions import MINI_SUBMIT_COMMAND, Create, Replace, View, shell_command
+from orchard.recipes.translate.replay import replay_patch
+from orchard.recipes.translate.trajectory import UntranslatableCall, translate_all, translate_trajectory
 from orchard.sandbox.client import AsyncOrchard
 from tests.harness_rig import tool_calls
 

@@ -17,11 +17,12 @@ import pytest
 from orchard.core.trajectory import ObservationResult, Trajectory
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.suites import load_suite
-from orchard.recipes.translate import translate_trajectory
-from orchard.recipes.translate_actions import Create, Edits, Insert, Replace, Shell, Submit, View, shell_command, vocabulary
-from orchard.recipes.translate_captured import CapturedDialect, capture_prompts, load_prompt, prompt_path
-from orchard.recipes.translate_harness_replay import replay_in_harness, run_scripted
-from orchard.recipes.translate_replay import replay_patch
+from orchard.recipes.translate.actions import Create, Edits, Insert, Replace, Shell, Submit, View, shell_command
+from orchard.recipes.translate.captured import CapturedDialect, capture_prompts, load_prompt, prompt_path
+from orchard.recipes.translate.harness_replay import replay_in_harness, run_scripted
+from orchard.recipes.translate.replay import replay_patch
+from orchard.recipes.translate.trajectory import translate_trajectory
+from orchard.recipes.translate.vocabularies import vocabulary
 from orchard.sandbox.client import AsyncOrchard
 from tests.recipes.test_translate import PAGEKIT, REACT_SCRIPT, record, scripted_config
 
@@ -190,7 +191,7 @@ def test_kimi_and_openhands_calls_round_trip_through_the_actions():
         assert openhands.read(*openhands.write(action, WORKDIR), "") == action
     assert openhands.write(View("a.py"), WORKDIR)[1]["path"] == "/testbed/a.py"  # its editor takes absolute paths
     assert openhands.write(Create("f.py", "x"), WORKDIR)[0] == "terminal"  # may exist: create would refuse
-    from orchard.recipes.translate_actions import UntranslatableCall
+    from orchard.recipes.translate.actions import UntranslatableCall
 
     for harness, name, arguments in [("kimi-cli", "Grep", {"pattern": "x"}), ("openhands", "think", {"thought": "t"}),
                                      ("openhands", "terminal", {"command": "C-c", "is_input": True})]:
