@@ -3,12 +3,15 @@
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from orchard.sandbox.bundle import ensure_agent_bundle
 from tests.harness_bundle_rig import SessionBundles
 from tests.harness_rig import gateway_in_front_of, scripted_model
+from tests.k8s_cluster import CLUSTER_SCRIPT, require_cluster
+from tests.local_backend_rig import local_backend, make_busybox_rootfs
 from tests.running_server import remove_live_sandboxes
 
 
@@ -40,6 +43,34 @@ def bundle_cache(tmp_path_factory) -> Path:
     return cache
 
 
+@pytest.fixture
+async def backend(tmp_path, bundle_cache):
+    """A local backend on the test's temporary directory; what a failed test left running is deleted.
+    (Modules of the other backends define a `backend` of their own.)"""
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache) as made:
+        yield made
+
+
+@pytest.fixture(scope="session")
+def busybox_rootfs(tmp_path_factory) -> Path:
+    """A rootfs with nothing but a static busybox and its applets: no Python, no libc. Tests must not
+    change it (sandboxes write to an overlay of it)."""
+    return make_busybox_rootfs(tmp_path_factory.mktemp("busybox-rootfs"))
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> str:
+    """The `k8s` tests' cluster (tests/k8s_cluster.py): they skip without one."""
+    return require_cluster()
+
+
+@pytest.fixture(scope="session")
+def agent_image(kubeconfig) -> str:
+    """Build and import the agent-injector image for the current bundle (once per session)."""
+    from orchard.sandbox.backends.k8s_images import import_injector_image
+    return import_injector_image(CLUSTER_SCRIPT)
+
+
 @pytest.fixture(scope="session")
 def session_bundles(tmp_path_factory) -> SessionBundles:
     """The one harness-bundle cache of this test session: each bundle is built into it at most once, and
@@ -54,6 +85,24 @@ def sandbox_home(tmp_path):
     directory.mkdir()
     yield directory
     remove_live_sandboxes(directory)
+
+
+@pytest.fixture(scope="module")
+def module_home(request, tmp_path_factory) -> Iterator[Path]:
+    """One state home for a test module (the agent bundle cached there is built once, not per test);
+    whatever it still runs afterwards is removed."""
+    directory = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2] + "-home")
+    yield directory
+    remove_live_sandboxes(directory)
+
+
+@pytest.fixture
+def embedded_home(module_home, monkeypatch) -> Path:
+    """The module's home as the embedded client's: ORCHARD_HOME names it, and no server is named."""
+    monkeypatch.setenv("ORCHARD_HOME", str(module_home))
+    monkeypatch.delenv("ORCHARD_URL", raising=False)
+    monkeypatch.delenv("ORCHARD_API_KEY", raising=False)
+    return module_home
 
 
 @pytest.fixture

@@ -28,6 +28,24 @@ def dev_kubeconfig() -> str | None:
     return str(path) if path.is_file() else None
 
 
+def delete_namespace(kubeconfig: str, namespace: str, *, missing_ok: bool = False) -> None:
+    """Delete `namespace`, its Pods first and at once (grace 0): the namespace controller would wait for
+    their grace periods. `missing_ok`: a namespace never made (no test got as far as a sandbox) is fine."""
+    from kubernetes import client
+
+    from orchard.sandbox.backends.k8s_client import load_api_client
+    api = load_api_client(kubeconfig)
+    try:
+        core = client.CoreV1Api(api)
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        core.delete_namespace(namespace)
+    except client.ApiException as e:
+        if not (missing_ok and e.status == 404):
+            raise
+    finally:
+        api.close()
+
+
 def require_cluster() -> str:
     """The kubeconfig to use; skips (or, with ORCHARD_K8S=1, fails) when no cluster answers."""
     try:

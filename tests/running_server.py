@@ -1,5 +1,6 @@
 """Test helpers on real parts: an `orchard serve` subprocess on a free port (stopped, and what it runs
-deleted, afterwards), and what the local backend still runs under a home."""
+deleted, afterwards), and what the local backend still runs under a home; waiting for a condition,
+stopping a process, and the environments of the machine's processes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -37,6 +38,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll `predicate` until it returns something true, and return that; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def stop_process(process: subprocess.Popen, how: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Send `how` to a process still running, and SIGKILL it if it has not ended `timeout` s later."""
+    if process.poll() is None:
+        process.send_signal(how)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def environments() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, environment entries) of every process whose environment can be read."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            yield int(entry), environ.split(b"\0")
 
 
 def _wait_until_up(process: subprocess.Popen, url: str, log: Path, api_key: str | None) -> str:
@@ -87,12 +121,7 @@ def running_server(home: Path, api_key: str | None = None) -> Iterator[RunningSe
         finally:
             asyncio.run(_delete_all(server))
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, signal.SIGINT)
         remove_live_sandboxes(home)
 
 

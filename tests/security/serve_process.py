@@ -7,42 +7,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Iterator, Sequence
 
 import httpx
+import pytest
 
 from orchard.sandbox.backends import cgroups
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.registry import backend_config
 from orchard.sandbox.server.home import state_db_path
+from tests.running_server import environments, free_port, stop_process, wait_for  # noqa: F401  (for the tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "security-test-key"
 MARK = "ORCHARD_TEST_MARK"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Serve:
@@ -82,18 +65,40 @@ class Serve:
 
     def stop(self) -> None:
         """SIGTERM: the service stops, its sandboxes keep running for the next server."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.process)
 
     def kill(self) -> None:
         """SIGKILL: a crash, nothing of the shutdown runs."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+
+
+@contextlib.contextmanager
+def serving(home: Path, **options: Any) -> Iterator[Serve]:
+    """`orchard serve` on `home` (`options`: Serve's), answering for the block, stopped (SIGTERM) after it."""
+    running = Serve(home, **options).wait_up()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@contextlib.contextmanager
+def emptied_afterwards(home: Path) -> Iterator[Path]:
+    """`home` for the block; whatever the backend still runs under it afterwards is deleted."""
+    try:
+        yield home
+    finally:
+        remove_everything(home)
+
+
+@contextlib.contextmanager
+def server_on_a_home_of_its_own(tmp_path_factory: pytest.TempPathFactory, name: str,
+                                **options: Any) -> Iterator[Serve]:
+    """`serving` on a fresh home, emptied once the server has stopped."""
+    with emptied_afterwards(tmp_path_factory.mktemp(name)) as home, serving(home, **options) as running:
+        yield running
 
 
 def local_backend(home: Path) -> LocalBackend:
@@ -124,16 +129,7 @@ def leftovers(home: Path, sandbox_ids: set[str]) -> list[str]:
 def marked_pids(mark: str) -> list[int]:
     """Processes whose environment holds `ORCHARD_TEST_MARK=<mark>`."""
     needle = f"{MARK}={mark}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if needle in environ.split(b"\0"):
-                pids.append(int(entry))
-    return pids
+    return [pid for pid, environ in environments() if needle in environ]
 
 
 def db(home: Path) -> sqlite3.Connection:
