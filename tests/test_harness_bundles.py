@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 from orchard.core.errors import InvalidRequest
 from orchard.core.harness_bundle import HarnessBundleSpec, get_bundle_spec
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.harness_bundles.build import ensure_bundle
 from orchard.sandbox.harness_bundles.store import require_built
 from tests.harness_bundle_rig import TINY, TINY_SPEC, UNBUILT, register_test_bundles, shared_downloads
-from tests.test_local_backend import busybox_rootfs, running  # noqa: F401  (a fixture)
+from tests.local_backend_rig import local_backend
+from tests.test_local_backend import running
 
 MOUNT = f"/.orchard/harness/{TINY}"
 
@@ -40,10 +40,8 @@ def bundle_home(tmp_path_factory, session_bundles) -> Path:
 
 @pytest.fixture
 async def backend(tmp_path, bundle_home):
-    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_home / "cache")
-    yield b
-    for sb in await b.list_live():
-        await b.delete(sb)
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=bundle_home / "cache") as made:
+        yield made
 
 
 def _leftovers(cache: Path, name: str) -> list[str]:
@@ -97,7 +95,7 @@ async def test_the_bundle_runs_on_the_host_image(backend):
         assert "(3, 13)" not in r.stdout and r.stdout.split()[-1] == "LD=", r.stdout
 
 
-async def test_the_bundle_runs_on_a_rootfs_without_python(backend, busybox_rootfs):  # noqa: F811
+async def test_the_bundle_runs_on_a_rootfs_without_python(backend, busybox_rootfs):
     spec = SandboxSpec(image=str(busybox_rootfs), bundles=[TINY])
     async with running(backend, spec) as (_, agent):
         r = await agent.exec("python3 --version; " + PROBE)
@@ -216,16 +214,16 @@ def test_cli_lists_bundles_and_builds_by_name(bundle_home):
 # ---- the big ones ----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-async def test_kimi_cli_bundle_builds_and_runs_in_a_sandbox(tmp_path, bundle_home, busybox_rootfs):  # noqa: F811
+async def test_kimi_cli_bundle_builds_and_runs_in_a_sandbox(tmp_path, bundle_home, busybox_rootfs):
     """kimi-cli 1.51.0 with ripgrep: ~350 MB; its CLI and rg run on a rootfs with neither Python nor libc."""
     cache = bundle_home / "cache"
     spec = get_bundle_spec("kimi-cli")
     ensure_bundle(spec, cache, downloads=shared_downloads())
-    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=cache)
     argv = " ".join(spec.entry_argv("--version"))
-    async with running(b, SandboxSpec(image=str(busybox_rootfs), bundles=["kimi-cli"])) as (_, agent):
-        r = await agent.exec(f"{argv}; /.orchard/harness/kimi-cli/bin/rg --version | head -1", timeout=120)
-        assert r.ok and "1.51.0" in r.stdout and "ripgrep" in r.stdout, (r.stdout, r.stderr)
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=cache) as b:
+        async with running(b, SandboxSpec(image=str(busybox_rootfs), bundles=["kimi-cli"])) as (_, agent):
+            r = await agent.exec(f"{argv}; /.orchard/harness/kimi-cli/bin/rg --version | head -1", timeout=120)
+            assert r.ok and "1.51.0" in r.stdout and "ripgrep" in r.stdout, (r.stdout, r.stderr)
     shutil.rmtree(b.root_dir, ignore_errors=True)
 
 
@@ -304,14 +302,11 @@ async def test_kubernetes_copies_the_bundle_from_its_injector_image(bundle_home)
     """The tiny bundle imported into the dev cluster as an injector image, copied by an init container into
     an emptyDir mounted read-only in a busybox Pod (no Python, no libc); unknown names are refused before
     any object exists, a bundle whose image the cluster lacks fails the create by the image's name."""
-    from kubernetes import client
-
     from orchard.sandbox.agent_client import AgentSandbox
-    from orchard.sandbox.backends.k8s_client import load_api_client
     from orchard.sandbox.backends.k8s_images import import_injector_image
     from orchard.sandbox.backends.kubernetes import KubernetesBackend
     from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
-    from tests.k8s_cluster import CLUSTER_SCRIPT, require_cluster
+    from tests.k8s_cluster import CLUSTER_SCRIPT, delete_namespace, require_cluster
 
     kubeconfig = require_cluster()
     built, = require_built([TINY], bundle_home / "cache")
@@ -338,10 +333,4 @@ async def test_kubernetes_copies_the_bundle_from_its_injector_image(bundle_home)
         assert await backend.list_live() == []
     finally:
         await backend.close()
-        api = load_api_client(kubeconfig)
-        try:
-            core = client.CoreV1Api(api)
-            core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-            core.delete_namespace(namespace)
-        finally:
-            api.close()
+        delete_namespace(kubeconfig, namespace)

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -34,6 +33,7 @@ from orchard.sandbox.backends import local_netns
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_config import local_capabilities
 from orchard.sandbox.backends.local_state import LocalHandle, process_running
+from tests.local_backend_rig import running
 
 pytestmark = pytest.mark.skipif(local_netns.unavailable_reason() is not None,
                                 reason=local_netns.unavailable_reason() or "")
@@ -47,13 +47,7 @@ PROBE = ("import socket, sys\n"
          "    print('REFUSED', e.errno)\n")
 
 
-@pytest.fixture
-async def backend(tmp_path, bundle_cache):
-    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache)
-    yield b
-    for sb in await b.list_live():
-        await b.delete(sb)
-    await b.close()
+# `backend` is conftest.py's fixture.
 
 
 @pytest.fixture(scope="module")
@@ -144,17 +138,9 @@ def host_address() -> str:
 
 @contextlib.asynccontextmanager
 async def allowlisted(backend: LocalBackend, allow: list[str]):
-    sandbox_id = f"t{secrets.token_hex(5)}"
-    token = secrets.token_hex(16)
-    sb = await backend.create(sandbox_id, SandboxSpec(network=NetworkPolicy(mode="allowlist", allow=allow)),
-                              token)
-    agent = AgentSandbox(sandbox_id, sb.agent_url, token)
-    try:
+    async with running(backend, SandboxSpec(network=NetworkPolicy(mode="allowlist", allow=allow))) as (sb, agent):
         yield sb, agent
-    finally:
-        await agent.close()
-        await backend.delete(sb)
-        assert leftovers(backend, sb) == [], "the sandbox's network survived its delete"
+    assert leftovers(backend, sb) == [], "the sandbox's network survived its delete"
 
 
 async def reaches(agent: AgentSandbox, host: str, port: int) -> bool:

@@ -30,45 +30,19 @@ from orchard.sandbox.backends.cgroups import placements
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_state import (LocalHandle, children_of, process_running,
                                                   process_start_time)
+from tests import local_backend_rig as rig
 
 
-@pytest.fixture(scope="session")
-def busybox_rootfs(tmp_path_factory) -> Path:
-    """A rootfs with nothing but a static busybox: no Python, no libc."""
-    busybox = shutil.which("busybox")
-    if busybox is None:
-        pytest.fail("busybox is needed for the Python-less rootfs tests: run scripts/setup-system.sh")
-    root = tmp_path_factory.mktemp("busybox-rootfs")
-    (root / "bin").mkdir()
-    shutil.copy2(busybox, root / "bin" / "busybox")
-    for applet in ("sh", "ls", "cat", "echo", "ps"):
-        (root / "bin" / applet).symlink_to("busybox")
-    return root
-
-
-@pytest.fixture
-async def backend(tmp_path, bundle_cache):
-    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache)
-    yield b
-    for sb in await b.list_live():
-        await b.delete(sb)
-    await b.close()
+# `backend` and `busybox_rootfs` are conftest.py's fixtures.
 
 
 @contextlib.asynccontextmanager
 async def running(backend: LocalBackend, spec: SandboxSpec | None = None, sandbox_id: str | None = None,
                   token: str | None = None):
-    spec = spec or SandboxSpec()
-    sandbox_id = sandbox_id or f"t{secrets.token_hex(5)}"
-    token = token or secrets.token_hex(16)
-    sb = await backend.create(sandbox_id, spec, token)
-    agent = AgentSandbox(sandbox_id, sb.agent_url, token, workdir=spec.workdir)
-    try:
+    """The rig's sandbox, and after its delete nothing of it is left on the host."""
+    async with rig.running(backend, spec, sandbox_id, token) as (sb, agent):
         yield sb, agent
-    finally:
-        await agent.close()
-        await backend.delete(sb)
-        assert_nothing_left(sb)
+    assert_nothing_left(sb)
 
 
 def assert_nothing_left(sb: BackendSandbox, pids: dict[int, int | None] | None = None) -> None:

@@ -16,18 +16,17 @@ from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends import cgroups, local_netns
 from orchard.sandbox.backends.local import LocalBackend
+from tests.local_backend_rig import local_backend
 from tests.test_local_allowlist import host_address, leftovers, reaches, tcp_server
 
 
 @pytest.fixture
 async def pair(tmp_path, bundle_cache):
-    made = [LocalBackend(tmp_path / name / "sandboxes", run_dir=tmp_path / name / "run",
-                         bundle_cache_dir=bundle_cache) for name in ("a", "b")]
-    yield made
-    for backend in made:
-        for sb in await backend.list_live():
-            await backend.delete(sb)
-        await backend.close()
+    async with local_backend(tmp_path / "a" / "sandboxes", run_dir=tmp_path / "a" / "run",
+                             bundle_cache_dir=bundle_cache) as a, \
+            local_backend(tmp_path / "b" / "sandboxes", run_dir=tmp_path / "b" / "run",
+                          bundle_cache_dir=bundle_cache) as b:
+        yield [a, b]
 
 
 def _groups_of(backend: LocalBackend, sandbox_id: str) -> list[Path]:

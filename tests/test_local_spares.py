@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -20,11 +19,11 @@ import pytest
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends import cgroups
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_spares import SPARE_INFIX
 from orchard.sandbox.backends.local_state import process_running, process_start_time
+from tests.local_backend_rig import running, shut_down
 
 
 def _cgroup_v1_only() -> bool:
@@ -53,21 +52,7 @@ def new_backend(tmp_path: Path, short_tmp: Path, bundle_cache: Path, name: str =
 async def backend(tmp_path, short_tmp, bundle_cache):
     made = new_backend(tmp_path, short_tmp, bundle_cache)
     yield made
-    for sb in await made.list_live():
-        await made.delete(sb)
-    await made.close()
-
-
-@contextlib.asynccontextmanager
-async def running(backend: LocalBackend, spec: SandboxSpec | None = None):
-    sandbox_id, token = f"s{secrets.token_hex(5)}", secrets.token_hex(16)
-    sb = await backend.create(sandbox_id, spec or SandboxSpec(), token)
-    agent = AgentSandbox(sandbox_id, sb.agent_url, token)
-    try:
-        yield sb, agent
-    finally:
-        await agent.close()
-        await backend.delete(sb)
+    await shut_down(made)
 
 
 async def spare_made(backend: LocalBackend) -> set[str]:

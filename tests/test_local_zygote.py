@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-import secrets
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local_state import process_running
 from orchard.sandbox.backends.local_config import ZYGOTE_ENV
 from orchard.sandbox.backends.local_zygote import ENV_AREA_NAME, zygote_wanted
+from tests import local_backend_rig as rig
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the zygote is used by root only")
 
@@ -36,30 +36,23 @@ PROBE = ("id -u; id -g; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status;
 
 @pytest.fixture
 async def backends(tmp_path, bundle_cache):
-    made = {kind: LocalBackend(tmp_path / kind, bundle_cache_dir=bundle_cache, zygote=kind == "zygote")
-            for kind in ("classic", "zygote")}
-    yield made
-    for b in made.values():
-        for sb in await b.list_live():
-            await b.delete(sb)
-        await b.close()
+    async with contextlib.AsyncExitStack() as stack:
+        made = {}
+        for kind in ("classic", "zygote"):
+            made[kind] = await stack.enter_async_context(
+                rig.local_backend(tmp_path / kind, bundle_cache_dir=bundle_cache, zygote=kind == "zygote"))
+        yield made
 
 
 @contextlib.asynccontextmanager
 async def running(backend: LocalBackend, spec: SandboxSpec | None = None):
-    spec = spec or SandboxSpec()
-    sandbox_id, token = f"z{secrets.token_hex(5)}", secrets.token_hex(16)
-    sb = await backend.create(sandbox_id, spec, token)
-    agent = AgentSandbox(sandbox_id, sb.agent_url, token, workdir=spec.workdir)
-    try:
+    """The rig's sandbox; after its delete neither its init nor its agent runs."""
+    async with rig.running(backend, spec) as (sb, agent):
         yield sb, agent
-    finally:
-        await agent.close()
-        await backend.delete(sb)
-        assert not process_running(sb.handle["init_pid"], sb.handle["init_start"])
-        if sb.handle.get("agent_pid"):
-            assert not Path(f"/proc/{sb.handle['agent_pid']}/ns").exists() or \
-                Path(f"/proc/{sb.handle['agent_pid']}/status").read_text().count("State:\tZ")
+    assert not process_running(sb.handle["init_pid"], sb.handle["init_start"])
+    if sb.handle.get("agent_pid"):
+        assert not Path(f"/proc/{sb.handle['agent_pid']}/ns").exists() or \
+            Path(f"/proc/{sb.handle['agent_pid']}/status").read_text().count("State:\tZ")
 
 
 def agent_fds(sb) -> list[str]:
@@ -200,10 +193,7 @@ def test_the_zygote_is_roots_default_and_can_be_turned_off(monkeypatch):
 
 async def test_orchard_local_zygote_0_starts_agents_through_bwrap(tmp_path, bundle_cache, monkeypatch):
     monkeypatch.setenv(ZYGOTE_ENV, "0")
-    backend = LocalBackend(tmp_path / "off", bundle_cache_dir=bundle_cache)
-    try:
+    async with rig.local_backend(tmp_path / "off", bundle_cache_dir=bundle_cache) as backend:
         async with running(backend) as (sb, agent):
             assert sb.handle.get("agent_pid") is None and backend._zygote is None
             assert (await agent.exec("echo bwrap")).stdout == "bwrap\n"
-    finally:
-        await backend.close()

@@ -24,6 +24,7 @@ from orchard.sandbox.backends.local_config import LocalConfig
 from orchard.testing.scripted_model import create_scripted_app
 from orchard.testing.scripted_script import Script
 from orchard.util.uvicorn_thread import ServerThread
+from tests.local_backend_rig import local_backend, running
 from tests.test_local_allowlist import remote  # noqa: F401  (a fixture: another machine, behind a veth pair)
 
 MODEL = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
@@ -61,22 +62,15 @@ def gateway() -> LocalGateway:
 
 @pytest.fixture
 async def backend(tmp_path, bundle_cache, gateway):
-    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache, model_gateway=gateway.model_gateway)
-    yield b
-    for sb in await b.list_live():
-        await b.delete(sb)
-    await b.close()
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache,
+                             model_gateway=gateway.model_gateway) as made:
+        yield made
 
 
 @pytest.fixture
 async def sandbox(backend):
-    spec = SandboxSpec(network=NetworkPolicy(mode="model"))
-    token = secrets.token_hex(16)
-    sb = await backend.create(f"m{secrets.token_hex(5)}", spec, token)
-    agent = AgentSandbox(sb.id, sb.agent_url, token, workdir=spec.workdir)
-    yield agent
-    await agent.close()
-    await backend.delete(sb)
+    async with running(backend, SandboxSpec(network=NetworkPolicy(mode="model"))) as (_, agent):
+        yield agent
 
 
 async def call_inside(agent: AgentSandbox, url: str, key: str, body: dict | None = None) -> tuple[int, str]:

@@ -21,9 +21,9 @@ from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends.bwrap import image_ids
-from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.images import IdMap, ImageStore
 from orchard.testing.oci_layout import Entry, layer_tar, tar_of, write_docker_archive, write_oci_layout
+from tests.local_backend_rig import busybox_layer, local_backend, running
 
 ROOT = os.geteuid() == 0
 SHIFT = 100000 if ROOT else None  # image uid N is host uid SHIFT + N when root imports (docs/images.md)
@@ -32,11 +32,7 @@ CAP_NET_RAW = bytes.fromhex("0100000200200000000000000000000000000000")
 
 
 def _busybox_layer() -> list[Entry]:
-    busybox = shutil.which("busybox")
-    if busybox is None:
-        pytest.fail("busybox is needed to run an imported image: run scripts/setup-system.sh")
-    entries = [Entry.dir("bin"), Entry.file("bin/busybox", Path(busybox).read_bytes(), mode=0o755)]
-    return entries + [Entry.symlink(f"bin/{a}", "busybox") for a in ("sh", "ls", "cat", "stat", "test", "id")]
+    return busybox_layer(("sh", "ls", "cat", "stat", "test", "id"))
 
 
 LOWER = [Entry.dir("etc"), Entry.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"),
@@ -284,13 +280,10 @@ def test_podman_save_archives_import(store, tmp_path):
 
 async def test_a_local_sandbox_runs_an_imported_image(store, tmp_path, bundle_cache):
     store.import_archive(_layout(tmp_path), ids=image_ids())
-    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache, image_dir=store.root)
-    assert "oci" in backend.capabilities.image_kinds
-    try:
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache, image_dir=store.root) as backend:
+        assert "oci" in backend.capabilities.image_kinds
         for image in ("oci:localhost/orchard-test:1", "localhost/orchard-test:1"):
-            sandbox_id, token = f"oci{secrets.token_hex(4)}", secrets.token_hex(16)
-            made = await backend.create(sandbox_id, SandboxSpec(image=image, env={"OVERRIDDEN": "spec"}), token)
-            async with AgentSandbox(sandbox_id, made.agent_url, token) as sb:
+            async with running(backend, SandboxSpec(image=image, env={"OVERRIDDEN": "spec"})) as (_, sb):
                 env = await sb.exec("echo $PATH $FROM_IMAGE $OVERRIDDEN")  # the image's ENV, under the spec's
                 assert env.stdout == "/bin:/opt/image-bin yes spec\n", env
                 # (the sandbox's root has no capabilities: /opt, 0750 of uid 1000, is its to list as group 0)
@@ -302,27 +295,19 @@ async def test_a_local_sandbox_runs_an_imported_image(store, tmp_path, bundle_ca
                 assert seen.stdout.splitlines() == ["root:x:0:0:root:/root:/bin/sh", "/opt/new", "gone-is-gone",
                                                     f"{uid} 640", tool, "0", "/etc/passwd"], seen.stdout
                 await sb.exec("echo changed > /etc/passwd")  # the sandbox's overlay, never the store
-            await backend.delete(made)
         record = store.resolve("localhost/orchard-test:1")
         assert (store.rootfs(record) / "etc/passwd").read_bytes().startswith(b"root:x")
         with pytest.raises(InvalidRequest, match="orchard image import FILE"):
             await backend.create("missing", SandboxSpec(image="oci:localhost/not-imported:1"), "t")
         assert not (tmp_path / "sandboxes" / "missing").exists()
-    finally:
-        for live in await backend.list_live():
-            await backend.delete(live)
-        await backend.close()
 
 
 @pytest.mark.skipif(not ROOT, reason="only root's imports shift ids")
 async def test_an_image_imported_with_other_ids_is_refused_by_name(store, tmp_path, bundle_cache):
     store.import_archive(_layout(tmp_path), ids=IdMap(base=200000, count=65535))
-    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache, image_dir=store.root)
-    try:
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache, image_dir=store.root) as backend:
         with pytest.raises(InvalidRequest, match="import FILE` again"):
             await backend.create("other", SandboxSpec(image="oci:localhost/orchard-test:1"), "t")
-    finally:
-        await backend.close()
 
 
 # ---- Kubernetes ----------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.bundle import AGENT_SOURCE_DIR, ensure_agent_bundle
 from orchard.sandbox.images import ImageStore
 from orchard.testing.oci_layout import Entry, write_oci_layout
+from tests.local_backend_rig import busybox_layer, local_backend
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the zygote and the id-mapped sandbox need root")
 
@@ -128,12 +129,8 @@ def _evil_image(tmp_path: Path, store: ImageStore, env: dict[str, str]) -> str:
     """An image of a static busybox plus everything the variables point at: the preloaded library (also as
     a libm in LD_LIBRARY_PATH), modules shadowing the standard library's on PYTHONPATH, and hijacking
     .pyc files for every agent module under PYTHONPYCACHEPREFIX; its config sets `env`."""
-    busybox = shutil.which("busybox")
-    if busybox is None:
-        pytest.fail("busybox is needed to run an imported image: run scripts/setup-system.sh")
     evil = _evil_library(tmp_path)
-    layer = [Entry.dir("bin"), Entry.file("bin/busybox", Path(busybox).read_bytes(), mode=0o755),
-             *(Entry.symlink(f"bin/{a}", "busybox") for a in ("sh", "env", "cat", "ls", "echo")),
+    layer = [*busybox_layer(("sh", "env", "cat", "ls", "echo")),
              Entry.dir("tmp", mode=0o1777), Entry.file("evil.so", evil, mode=0o755),
              Entry.dir("evil-lib"), Entry.file("evil-lib/libm.so.6", evil, mode=0o755),
              Entry.dir("evil-py"), Entry.file("evil-py/startup.py", b"open('/tmp/hijacked-startup', 'w')\n"),
@@ -201,17 +198,14 @@ async def test_an_image_ld_preload_never_reaches_the_agent_nor_the_next_zygote(t
     bundle = ensure_agent_bundle(private_cache)
     original = (bundle.path / "orchard_agent" / "__init__.py").read_bytes()
     for zygote in (False, True):
-        backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=private_cache, image_dir=store.root,
-                               zygote=zygote)
-        try:
+        async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=private_cache, image_dir=store.root,
+                                 zygote=zygote) as backend:
             made, sandbox = await _create(backend, SandboxSpec(image=image))
             async with sandbox as sb:
                 assert "LD_PRELOAD" not in _environ(_agent_pid(made.handle["init_pid"]))
                 seen = await sb.exec("echo $LD_PRELOAD; ls /tmp")
                 assert seen.stdout == "/evil.so\n", seen  # the workload's (busybox is static: no marker)
             await backend.delete(made)
-        finally:
-            await backend.close()
         assert (bundle.path / "orchard_agent" / "__init__.py").read_bytes() == original
         bundle.verify_content()
 
@@ -235,9 +229,8 @@ async def test_loader_and_interpreter_variables_reach_only_the_workload(tmp_path
             SandboxSpec(env={name: variables[name]})
     spec_env = {name: value + ":spec" if value.startswith("/") else value
                 for name, value in variables.items() if name not in refused}
-    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=private_cache, image_dir=store.root,
-                           zygote=zygote)
-    try:
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=private_cache, image_dir=store.root,
+                             zygote=zygote) as backend:
         for env in ({}, spec_env):
             made, sandbox = await _create(backend, SandboxSpec(image=image, env=env))
             async with sandbox as sb:
@@ -261,10 +254,6 @@ async def test_loader_and_interpreter_variables_reach_only_the_workload(tmp_path
             assert not [n for n in INTERPRETER_NOISE if n in log], log[-2000:]
             await backend.delete(made)
         bundle.verify_content()
-    finally:
-        for live in await backend.list_live():
-            await backend.delete(live)
-        await backend.close()
 
 
 def _inside(pid: int, attempt) -> dict:
@@ -328,9 +317,8 @@ async def test_nothing_in_a_sandbox_can_make_the_bundle_writable(tmp_path, priva
     store = ImageStore(tmp_path / "images")
     name = _evil_image(tmp_path, store, {"PATH": "/bin"}) if image == "oci" else "host"
     bundle = ensure_agent_bundle(private_cache)
-    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=private_cache, image_dir=store.root,
-                           zygote=False)
-    try:
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=private_cache, image_dir=store.root,
+                             zygote=False) as backend:
         made, sandbox = await _create(backend, SandboxSpec(image=name))
         async with sandbox as sb:
             init = made.handle["init_pid"]
@@ -345,10 +333,6 @@ async def test_nothing_in_a_sandbox_can_make_the_bundle_writable(tmp_path, priva
             assert (await sb.exec("echo still-served")).stdout == "still-served\n"
         bundle.verify_content()  # not a byte changed
         await backend.delete(made)
-    finally:
-        for live in await backend.list_live():
-            await backend.delete(live)
-        await backend.close()
 
 
 @needs_root
@@ -360,8 +344,7 @@ async def test_the_zygote_refuses_a_changed_bundle(tmp_path, private_cache):
     ran = tmp_path / "ran-as-root"
     with open(bundle.path / "orchard_agent" / "__init__.py", "a") as f:
         f.write(f"\nopen({str(ran)!r}, 'w')\n")
-    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=private_cache, zygote=True)
-    try:
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=private_cache, zygote=True) as backend:
         with pytest.raises(BackendError, match="changed after it was built.*refusing to run it as root.*Remove"):
             await backend.create("tampered", SandboxSpec(), secrets.token_hex(16))
         assert backend._zygote is None
@@ -370,5 +353,3 @@ async def test_the_zygote_refuses_a_changed_bundle(tmp_path, private_cache):
         bundle.hash_file.unlink()  # a missing record is refused too
         with pytest.raises(BackendError, match="no recorded content hash"):
             bundle.verify_content()
-    finally:
-        await backend.close()

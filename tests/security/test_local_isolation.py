@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -21,47 +20,19 @@ from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.bundle import ensure_agent_bundle
+from tests import local_backend_rig as rig
 
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def busybox_rootfs(tmp_path_factory) -> Path:
-    """A rootfs with a static busybox and its applets: no Python, no libc."""
-    busybox = shutil.which("busybox")
-    if busybox is None:
-        pytest.fail("busybox is needed for the rootfs tests: run scripts/setup-system.sh")
-    root = tmp_path_factory.mktemp("busybox-rootfs")
-    (root / "bin").mkdir()
-    shutil.copy2(busybox, root / "bin" / "busybox")
-    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
-    for applet in applets:
-        if applet != "busybox":
-            (root / "bin" / applet).symlink_to("busybox")
-    return root
-
-
-@pytest.fixture
-async def backend(tmp_path, bundle_cache):
-    b = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache)
-    yield b
-    for sb in await b.list_live():
-        await b.delete(sb)
-    await b.close()
+# `backend` and `busybox_rootfs` are conftest.py's fixtures.
 
 
 @contextlib.asynccontextmanager
 async def running(backend: LocalBackend, spec: SandboxSpec | None = None):
-    spec = spec or SandboxSpec()
-    sandbox_id = f"s{secrets.token_hex(5)}"
-    token = secrets.token_hex(16)
-    sb = await backend.create(sandbox_id, spec, token)
-    agent = AgentSandbox(sandbox_id, sb.agent_url, token, workdir=spec.workdir)
-    try:
+    """The rig's sandbox; its delete leaves neither its directory nor its run directory."""
+    async with rig.running(backend, spec) as (sb, agent):
         yield sb, agent
-    finally:
-        await agent.close()
-        await backend.delete(sb)
     assert not Path(sb.handle["sandbox_dir"]).exists() and not Path(sb.handle["run_dir"]).exists()
 
 
@@ -378,11 +349,8 @@ def agent_host_pid(sb) -> int:
 
 @pytest.fixture
 async def apart_backend(tmp_path, bundle_cache):
-    b = LocalBackend(tmp_path / "apart", bundle_cache_dir=bundle_cache, agent_apart=True)
-    yield b
-    for sb in await b.list_live():
-        await b.delete(sb)
-    await b.close()
+    async with rig.local_backend(tmp_path / "apart", bundle_cache_dir=bundle_cache, agent_apart=True) as made:
+        yield made
 
 
 @needs_root

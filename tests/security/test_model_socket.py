@@ -16,12 +16,11 @@ import pytest
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.eval.local_gateway import LocalGateway
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends.bwrap import GATEWAY_SOCKET
-from orchard.sandbox.backends.local import LocalBackend
 from orchard.testing.scripted_model import create_scripted_app
 from orchard.testing.scripted_script import Script
 from orchard.util.uvicorn_thread import ServerThread
+from tests.local_backend_rig import local_backend, running
 
 CAP = 4
 IDLE_TIMEOUT_S = 5.0
@@ -77,19 +76,10 @@ def gateway():
 
 @pytest.fixture
 async def sandbox(tmp_path, bundle_cache, gateway):
-    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache,
-                           model_gateway=gateway.model_gateway)
-    spec = SandboxSpec(network=NetworkPolicy(mode="model"))
-    token = secrets.token_hex(16)
-    made = await backend.create(f"m{secrets.token_hex(5)}", spec, token)
-    agent = AgentSandbox(made.id, made.agent_url, token, workdir=spec.workdir)
-    try:
-        yield agent
-    finally:
-        await agent.close()
-        for live in await backend.list_live():
-            await backend.delete(live)
-        await backend.close()
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache,
+                             model_gateway=gateway.model_gateway) as backend:
+        async with running(backend, SandboxSpec(network=NetworkPolicy(mode="model"))) as (_, agent):
+            yield agent
 
 
 async def test_a_sandbox_cannot_hold_the_gateways_socket(sandbox, gateway):

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import errno
 import logging
-import secrets
 
-from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends import local_launch
-from orchard.sandbox.backends.local import LocalBackend
+from tests.local_backend_rig import local_backend, running
 
 CAP_SYS_RESOURCE = 24
 
@@ -32,16 +29,12 @@ async def test_two_creates_say_the_missing_oom_exemption_once_and_what_it_means(
 
         monkeypatch.setattr(local_launch, "exempt_from_oom_killer", refused)
     caplog.set_level(logging.INFO, logger=local_launch.log.name)
-    backend = LocalBackend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache, image_dir=tmp_path / "images")
     separated = []
-    for _ in range(2):
-        token = secrets.token_hex(16)
-        made = await backend.create(f"oom{secrets.token_hex(3)}", SandboxSpec(), token)
-        try:
-            async with AgentSandbox(made.id, made.agent_url, token) as sandbox:
+    async with local_backend(tmp_path / "sandboxes", bundle_cache_dir=bundle_cache,
+                             image_dir=tmp_path / "images") as backend:
+        for _ in range(2):
+            async with running(backend) as (_, sandbox):
                 separated.append((await sandbox.health()).get("workload_pid_namespace"))
-        finally:
-            await backend.delete(made)
     said = [r.getMessage() for r in caplog.records if "OOM killer" in r.getMessage()]
     assert len(said) <= 1, said
     if "separate" in separated:  # the workload has a pid namespace of its own: there is an init to exempt

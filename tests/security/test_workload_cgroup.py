@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchard.core.sandbox import SandboxSpec
-from tests.security.test_local_isolation import (agent_host_pid, backend, needs_root,  # noqa: F401
-                                                 running)
+from tests.security.test_local_isolation import agent_host_pid, needs_root, running  # backend: conftest.py's
 
 # 24 processes of ~15 MiB each (interpreter + 5 MiB) in a 96 MiB workload: the OOM killer must end some.
 # Each is smaller than the agent, so with one cgroup for both it is the agent the OOM killer picked
