@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -31,6 +30,7 @@ from orchard.sandbox.backends.registry import backend_config, create_backend
 from orchard.sandbox.server.home import state_db_path
 from orchard.sandbox.server.service import SandboxService
 from orchard.sandbox.server.store import SandboxStore
+from tests.running_server import environments, free_port, stop_process, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "orchestrator-test-key"
@@ -42,12 +42,6 @@ SERVE = "import json, sys; from orchard.sandbox.server.main import serve; serve(
 
 
 # --- helpers -------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -80,11 +74,7 @@ class ServerProcess:
 
     def stop(self) -> None:
         """Graceful (SIGTERM): the service stops, its sandboxes keep running."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        stop_process(self.process)
 
     def kill(self) -> None:
         """A crash: nothing of the service's shutdown runs."""
@@ -138,15 +128,13 @@ def marked_pids(mark: str) -> list[int]:
     keys = MARKED_KEYS.get(mark, set())
     needle = f"{MARK}={mark}".encode()
     pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-                groups = Path(f"/proc/{entry}/cgroup").read_text()
-            except OSError:
-                continue
-            if needle in environ.split(b"\0") or any(sandbox_key_of(line) in keys for line in groups.splitlines()):
-                pids.append(int(entry))
+    for pid, environ in environments():
+        try:
+            groups = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            continue
+        if needle in environ or any(sandbox_key_of(line) in keys for line in groups.splitlines()):
+            pids.append(pid)
     return pids
 
 
@@ -171,16 +159,6 @@ def exec_in(info: dict, command: str) -> dict:
         response = a.post("/exec", json={"command": command})
     assert response.status_code == 200, response.text
     return response.json()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def db_ids(home: Path) -> set[str]:

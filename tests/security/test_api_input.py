@@ -9,7 +9,6 @@ import contextlib
 import secrets
 import uuid
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -22,23 +21,9 @@ from tests.security.serve_process import (MARK, Serve, assert_refused, db, lefto
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("sec-input")
-    yield path
-    remove_everything(path)
-
-
-@pytest.fixture(scope="module")
-def server(home) -> Iterator[Serve]:
-    running = Serve(home, env={"ORCHARD_MAX_TIMEOUT_S": "none"}).wait_up()  # only the spec's own checks
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def api(server) -> Iterator[httpx.Client]:
-    with server.client() as client:
-        yield client
+def serve_options() -> dict:
+    """No maximum TTL: only the spec's own checks (`home`, `server` and `api` are conftest.py's)."""
+    return {"env": {"ORCHARD_MAX_TIMEOUT_S": "none"}}
 
 
 def post_raw(api: httpx.Client, body: str) -> httpx.Response:

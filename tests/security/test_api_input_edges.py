@@ -10,35 +10,16 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 
 from orchard.core.errors import DiskFull
 from orchard.sandbox.agent_client import AgentSandbox
-from tests.security.serve_process import (API_KEY, MARK, Serve, assert_refused, db_ids, remove_everything,
-                                          wait_for)
+from tests.security.serve_process import API_KEY, MARK, Serve, assert_refused, db_ids, wait_for
 
 
-@pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("sec-edges")
-    yield path
-    remove_everything(path)
-
-
-@pytest.fixture(scope="module")
-def server(home) -> Iterator[Serve]:
-    running = Serve(home).wait_up()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def api(server) -> Iterator[httpx.Client]:
-    with server.client() as client:
-        yield client
+# `home`, `server` (as it comes) and `api` are conftest.py's.
 
 
 def assert_nothing_made(home: Path, before: set[str]) -> None:

@@ -8,17 +8,15 @@ import os
 import secrets
 import shutil
 import uuid
-from pathlib import Path
 from typing import Iterator
 
-import httpx
 import pytest
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends import cgroups
 from tests.security.serve_process import (MARK, Serve, assert_refused, leftovers, local_backend, marked_pids,
-                                          remove_everything, wait_for)
+                                          server_on_a_home_of_its_own, wait_for)
 
 
 
@@ -36,24 +34,10 @@ needs_root_unshare = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unsha
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("sec-limits")
-    yield path
-    remove_everything(path)
-
-
-@pytest.fixture(scope="module")
-def server(home) -> Iterator[Serve]:
-    """Machine-derived maxima, except memory which the operator set to 512 MiB."""
-    running = Serve(home, env={"ORCHARD_MAX_MEMORY_MB": "512"}).wait_up()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def api(server) -> Iterator[httpx.Client]:
-    with server.client() as client:
-        yield client
+def serve_options() -> dict:
+    """Machine-derived maxima, except memory which the operator set to 512 MiB (`home`, `server` and `api`
+    are conftest.py's)."""
+    return {"env": {"ORCHARD_MAX_MEMORY_MB": "512"}}
 
 
 # --- the server's maxima -------------------------------------------------------------------------------
@@ -120,13 +104,10 @@ async def test_a_limit_the_kernel_refuses_is_an_error_and_leaves_nothing(tmp_pat
 def server_without_cgroups(tmp_path_factory) -> Iterator[Serve]:
     """`orchard serve` in a private mount namespace where no cgroup hierarchy is mounted: what an
     orchestrator without access to cgroups sees."""
-    home = tmp_path_factory.mktemp("sec-nocg")
     hide = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
             'umount -R /sys/fs/cgroup 2>/dev/null || umount -l /sys/fs/cgroup; exec "$@"', "hide-cgroups"]
-    running = Serve(home, wrapper=hide).wait_up()
-    yield running
-    running.stop()
-    remove_everything(home)
+    with server_on_a_home_of_its_own(tmp_path_factory, "sec-nocg", wrapper=hide) as running:
+        yield running
 
 
 @needs_root_unshare

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from orchard.sandbox.server.api_keys import keys_file, read_keys, write_keys
-from tests.security.serve_process import REPO_ROOT, Serve, remove_everything
+from tests.security.serve_process import REPO_ROOT, Serve
 
 SPEC = {"image": "host", "timeout_s": 300}
 
@@ -40,22 +40,14 @@ def key_id(home: Path, owner: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("sec-owner-keys")
-    yield path
-    remove_everything(path)
-
-
-@pytest.fixture(scope="module")
 def keys(home) -> dict[str, str]:
     return {"alice": add_key(home, "alice", "--max-sandboxes", "1"), "bob": add_key(home, "bob")}
 
 
 @pytest.fixture(scope="module")
-def server(home, keys) -> Iterator[Serve]:
-    running = Serve(home, args=["--create-wait-s", "0"]).wait_up()
-    yield running
-    running.stop()
+def serve_options(keys) -> dict:
+    """The keys are added before the server starts (`home` and `server` are conftest.py's)."""
+    return {"args": ["--create-wait-s", "0"]}
 
 
 def client(server: Serve, key: str) -> httpx.Client:

@@ -16,7 +16,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.security.serve_process import API_KEY, Serve, remove_everything, wait_for
+from tests.security.serve_process import API_KEY, Serve, server_on_a_home_of_its_own, wait_for
 
 NOFILE = 256
 SLOW_CONNECTIONS = 320  # more than the server's descriptors
@@ -26,12 +26,9 @@ CHUNKED_CREATE = (b"POST /v1/sandboxes HTTP/1.1\r\nHost: orchard\r\nContent-Type
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Serve]:
-    home = tmp_path_factory.mktemp("sec-slow")
-    running = Serve(home, wrapper=["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--"],
-                    args=["--request-timeout-s", "3"]).wait_up()
-    yield running
-    running.stop()
-    remove_everything(home)
+    with server_on_a_home_of_its_own(tmp_path_factory, "sec-slow", args=["--request-timeout-s", "3"],
+                                     wrapper=["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--"]) as running:
+        yield running
 
 
 def connect(server: Serve) -> socket.socket:
