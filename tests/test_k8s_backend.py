@@ -19,7 +19,7 @@ import pytest
 from orchard.core.errors import InvalidRequest, SandboxLost
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from tests.hang_guard import returns
-from tests.k8s_cluster import CLUSTER_SCRIPT, POD_PIDS_LIMIT, require_cluster
+from tests.k8s_cluster import POD_PIDS_LIMIT, delete_namespace
 from tests.running_server import free_port
 
 pytestmark = pytest.mark.k8s
@@ -27,32 +27,14 @@ pytestmark = pytest.mark.k8s
 BASE_IMAGE = "localhost/orchard-base:local"
 
 
-@pytest.fixture(scope="session")
-def kubeconfig() -> str:
-    return require_cluster()
-
-
-@pytest.fixture(scope="session")
-def agent_image(kubeconfig) -> str:
-    """Build and import the agent-injector image for the current bundle (once per session)."""
-    from orchard.sandbox.backends.k8s_images import import_injector_image
-    return import_injector_image(CLUSTER_SCRIPT)
+# `kubeconfig` and `agent_image` are conftest.py's.
 
 
 @pytest.fixture(scope="session")
 def namespace(kubeconfig):
-    from kubernetes import client
-
-    from orchard.sandbox.backends.k8s_client import load_api_client
     name = f"orchard-test-{secrets.token_hex(3)}"
     yield name
-    api = load_api_client(kubeconfig)
-    try:  # pods first, at once (grace 0): the namespace controller would wait for their grace periods
-        core = client.CoreV1Api(api)
-        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-        core.delete_namespace(name)
-    finally:
-        api.close()
+    delete_namespace(kubeconfig, name)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from orchard.sandbox.backends.k8s_config import KubernetesConfig
 from orchard.sandbox.backends.k8s_egress import egress_ruleset
 from orchard.sandbox.backends.k8s_gateway import parse_model_gateway
 from orchard.sandbox.backends.k8s_netpol import sandbox_policy_manifest
-from tests.k8s_cluster import CLUSTER_SCRIPT, require_cluster
+from tests.k8s_cluster import delete_namespace
 
 BASE_IMAGE = "localhost/orchard-base:local"
 NODE_IP = "10.239.255.1"  # the dev cluster's node address (on the host's lo), which Pods reach
@@ -74,34 +74,14 @@ def test_policy_and_guard_allow_the_gateway_only_when_asked():
 
 # ---- on the dev cluster --------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def kubeconfig() -> str:
-    return require_cluster()
-
-
-@pytest.fixture(scope="module")
-def agent_image(kubeconfig) -> str:
-    from orchard.sandbox.backends.k8s_images import import_injector_image
-    return import_injector_image(CLUSTER_SCRIPT)
+# `kubeconfig` and `agent_image` are conftest.py's.
 
 
 @pytest.fixture(scope="module")
 def namespace(kubeconfig):
-    from kubernetes import client
-
-    from orchard.sandbox.backends.k8s_client import load_api_client
     name = f"orchard-gw-{secrets.token_hex(3)}"
     yield name
-    api = load_api_client(kubeconfig)
-    try:
-        core = client.CoreV1Api(api)
-        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-        core.delete_namespace(name)
-    except client.ApiException as e:
-        if e.status != 404:  # never made: no test got as far as creating a sandbox
-            raise
-    finally:
-        api.close()
+    delete_namespace(kubeconfig, name, missing_ok=True)
 
 
 @pytest.fixture(scope="module")

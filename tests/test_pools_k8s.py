@@ -12,7 +12,7 @@ import pytest
 from orchard.core.errors import AuthError
 from orchard.core.pool import PoolSpec
 from orchard.core.sandbox import SandboxSpec
-from tests.test_k8s_backend import BASE_IMAGE, _backend, agent_image, kubeconfig, namespace  # noqa: F401 (fixtures)
+from tests.test_k8s_backend import BASE_IMAGE, _backend, namespace  # noqa: F401 (a fixture; the others: conftest.py's)
 
 pytestmark = pytest.mark.k8s
 

@@ -9,7 +9,7 @@ import pytest
 
 from orchard.sandbox.backends.registry import backend_config
 from orchard.testing.conformance import BackendConformance
-from tests.k8s_cluster import CLUSTER_SCRIPT, POD_PIDS_LIMIT, require_cluster
+from tests.k8s_cluster import CLUSTER_SCRIPT, POD_PIDS_LIMIT, delete_namespace, require_cluster
 from tests.test_k8s_backend import BASE_IMAGE
 
 pytestmark = pytest.mark.k8s
@@ -18,20 +18,11 @@ pytestmark = pytest.mark.k8s
 @pytest.fixture(scope="module")
 def cluster():
     """(kubeconfig, agent image, namespace): the namespace and all in it are deleted afterwards."""
-    from kubernetes import client
-
-    from orchard.sandbox.backends.k8s_client import load_api_client
     from orchard.sandbox.backends.k8s_images import import_injector_image
     kubeconfig = require_cluster()
     namespace = f"orchard-conformance-{secrets.token_hex(3)}"
     yield kubeconfig, import_injector_image(CLUSTER_SCRIPT), namespace
-    api = load_api_client(kubeconfig)
-    try:
-        core = client.CoreV1Api(api)
-        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        core.delete_namespace(namespace)
-    finally:
-        api.close()
+    delete_namespace(kubeconfig, namespace)
 
 
 class TestKubernetesBackend(BackendConformance):

@@ -18,7 +18,6 @@ import pytest_asyncio
 
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
-from tests.k8s_cluster import CLUSTER_SCRIPT, require_cluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.asyncio(loop_scope="module")]
 
@@ -57,15 +56,7 @@ print(json.dumps({"net_admin": bool(caps >> 12 & 1), "net_raw": bool(caps >> 13 
 """
 
 
-@pytest.fixture(scope="module")
-def kubeconfig() -> str:
-    return require_cluster()
-
-
-@pytest.fixture(scope="module")
-def agent_image(kubeconfig) -> str:
-    from orchard.sandbox.backends.k8s_images import import_injector_image
-    return import_injector_image(CLUSTER_SCRIPT)
+# `kubeconfig` and `agent_image` are conftest.py's.
 
 
 @pytest.fixture(scope="module")
