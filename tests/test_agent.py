@@ -78,6 +78,12 @@ class RunningAgent:
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmHWM in /proc status")
 
+    def __enter__(self) -> "RunningAgent":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -92,9 +98,8 @@ class RunningAgent:
 
 @pytest.fixture(scope="module")
 def agent():
-    running = RunningAgent()
-    yield running
-    running.stop()
+    with RunningAgent() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,8 @@ from tests.test_agent import AGENT_DIR, RunningAgent
 
 @pytest.fixture(scope="module")
 def agent():
-    running = RunningAgent()
-    yield running
-    running.stop()
+    with RunningAgent() as running:
+        yield running
 
 
 def _exchange(agent: RunningAgent, data: bytes) -> bytes:

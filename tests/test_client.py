@@ -18,25 +18,14 @@ from orchard.core.errors import AuthError, BackendError, InvalidRequest, NotFoun
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.client import AsyncOrchard, Orchard
 from tests.hang_guard import returns
-from tests.running_server import free_port, live_sandbox_ids, remove_live_sandboxes, running_server
+from tests.running_server import free_port, live_sandbox_ids, running_server
 
 API_KEY = "test-key-0123456789"
 
 
-@pytest.fixture(scope="module")
-def module_home(tmp_path_factory) -> Path:
-    # One home for the module: the agent bundle cached there is built once, not per test.
-    home = tmp_path_factory.mktemp("embedded-home")
-    yield home
-    remove_live_sandboxes(home)
-
-
 @pytest.fixture
-def home(module_home, monkeypatch) -> Path:
-    monkeypatch.setenv("ORCHARD_HOME", str(module_home))
-    monkeypatch.delenv("ORCHARD_URL", raising=False)
-    monkeypatch.delenv("ORCHARD_API_KEY", raising=False)
-    return module_home
+def home(embedded_home) -> Path:
+    return embedded_home  # conftest.py's: one home for the module, for the embedded client
 
 
 @pytest.fixture(scope="module")
@@ -156,16 +145,17 @@ def test_embedded_sync_end_to_end_and_exception_cleanup(home):
         assert orch.get(failing.id).state == "deleted"
 
 
+SYNC_WAITING = """
+    import time
+    from orchard import Orchard
+    with Orchard() as orch:
+        sb = orch.create()
+        print(sb.id, flush=True)
+        time.sleep(60)
+"""
 EXIT_SCRIPTS = {
     # SIGTERM while the sync client waits on the main thread.
-    "sync_sigterm": """
-        import time
-        from orchard import Orchard
-        with Orchard() as orch:
-            sb = orch.create()
-            print(sb.id, flush=True)
-            time.sleep(60)
-    """,
+    "sync_sigterm": SYNC_WAITING,
     # SIGTERM while asyncio.run is in the middle of an await.
     "async_sigterm": """
         import asyncio
@@ -178,14 +168,7 @@ EXIT_SCRIPTS = {
         asyncio.run(main())
     """,
     # Ctrl-C while the sync client waits on the main thread.
-    "sync_sigint": """
-        import time
-        from orchard import Orchard
-        with Orchard() as orch:
-            sb = orch.create()
-            print(sb.id, flush=True)
-            time.sleep(60)
-    """,
+    "sync_sigint": SYNC_WAITING,
     # Never closed, sync: the hook at interpreter exit deletes it.
     "sync_unclosed": """
         from orchard import Orchard

@@ -22,9 +22,8 @@ HANG_GUARD_S = 30
 
 @pytest.fixture(scope="module")
 def agent():
-    running = RunningAgent()
-    yield running
-    running.stop()
+    with RunningAgent() as running:
+        yield running
 
 
 def _auth(agent: RunningAgent) -> bytes:

@@ -24,25 +24,14 @@ import pytest
 from orchard.core.errors import InvalidRequest, NotFound, OrchardError, PayloadTooLarge
 from orchard.sandbox.agent_client import DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, AgentSandbox
 from orchard.sandbox.client import AsyncOrchard, Orchard
-from tests.running_server import remove_live_sandboxes
 
 GIB = 1 << 30
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def module_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("caps-home")
-    yield home
-    remove_live_sandboxes(home)
-
-
 @pytest.fixture
-def home(module_home, monkeypatch) -> Path:
-    monkeypatch.setenv("ORCHARD_HOME", str(module_home))
-    monkeypatch.delenv("ORCHARD_URL", raising=False)
-    monkeypatch.delenv("ORCHARD_API_KEY", raising=False)
-    return module_home
+def home(embedded_home) -> Path:
+    return embedded_home  # conftest.py's: one home for the module, for the embedded client
 
 
 def _peak_rss_bytes() -> int:
