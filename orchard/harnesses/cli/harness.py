@@ -7,7 +7,8 @@ bundle, with the rollout's model reachable the way most CLI agents take it:
 - `OPENAI_BASE_URL` (and `OPENAI_API_BASE`), `OPENAI_API_KEY`, `OPENAI_MODEL` are the rollout's own
   gateway URL, key and model; the bundle spec's `env` and the `env` option come on top;
 - the command (placeholders: command.py) runs under `/bin/sh -c` in the task's workdir, killed with its
-  whole process group a little before the evaluator's deadline;
+  whole process group a little before the evaluator's deadline (the in-sandbox base,
+  orchard/harnesses/in_sandbox/);
 - the steps are rebuilt by the evaluator from the gateway's records of the rollout (`steps_from_gateway`,
   orchard/eval/partial.py): the harness itself returns only how the program ended;
 - exit code 0 is the agent's own end (`submitted`); a crash (another exit code), a hang past the timeout
@@ -21,27 +22,26 @@ from __future__ import annotations
 
 import math
 import shlex
-from typing import Any
 
 from orchard.core.errors import InvalidRequest
-from orchard.core.harness import ModelConfig, orchard_version
+from orchard.core.harness import orchard_version
 from orchard.core.harness_bundle import get_bundle_spec
 from orchard.core.sandbox import ExecResult, Sandbox
-from orchard.core.task import Task
-from orchard.core.trajectory import Agent, Outcome, Trajectory
+from orchard.core.trajectory import Trajectory
 from orchard.harnesses.cli.command import check_template, fill
-from orchard.harnesses.deadline import after_stop, run_limit_s
+from orchard.harnesses.in_sandbox import AgentRun, Ending, Finished, InSandboxHarness, Launch, SandboxFile
 
 SCRATCH = "/tmp/orchard-cli"
 INSTRUCTION_FILE = f"{SCRATCH}/instruction.md"
 STDOUT_LOG, STDERR_LOG = f"{SCRATCH}/stdout.log", f"{SCRATCH}/stderr.log"
-DEFAULT_TIMEOUT_S = 3600.0  # without an evaluator's deadline
 TAIL_CHARS = 2000  # of stderr, in the error and notes
 
 
-class CliHarness:
+class CliHarness(InSandboxHarness):
     name = "cli"
     version = orchard_version()
+    state_dir = SCRATCH
+    default_time_limit_s = 3600.0  # without an evaluator's deadline
     steps_from_gateway = True  # the Trial rebuilds the steps from the rollout's gateway records
 
     def __init__(self, command: str | None = None, bundle: str | None = None, *,
@@ -77,50 +77,52 @@ class CliHarness:
             check_template(path, "native_logs")
         self.spec = get_bundle_spec(bundle)  # an unknown bundle is refused here, naming the known ones
 
-    async def run(self, task: Task, sandbox: Sandbox, model: ModelConfig) -> Trajectory:
-        timeout = self._timeout(model)
-        values = self._values(task, model, timeout)
-        await sandbox.exec(["mkdir", "-p", SCRATCH], timeout=30)
-        await sandbox.write_file(INSTRUCTION_FILE, task.instruction)
-        result = await sandbox.exec(["/bin/sh", "-c", fill(self.command, values, quote=True)],
-                                    cwd=task.environment.workdir, env=self._environment(model, values),
-                                    timeout=timeout)
-        unkept = None
-        if result.timed_out:  # our own kill fired: the agent's timeout, whatever keeping its output meets
-            _, unkept = await after_stop(model, lambda: self._keep_output(sandbox, result))
-        else:
-            await self._keep_output(sandbox, result)
-        trajectory = Trajectory(
-            agent=Agent(name=self.name, version=self.version, model_name=model.model,
-                        extra={"bundle": self.bundle, "command": self.command}),
-            task_id=task.id, rollout_key=model.rollout_key,
-            extra={"exit_code": result.exit_code, "timed_out": result.timed_out,
-                   "native_logs": [STDOUT_LOG, STDERR_LOG, *(fill(path, values, quote=False)
-                                                             for path in self.native_logs)]})
-        _settle(trajectory, result, timeout)
-        if unkept is not None and trajectory.outcome is not None:
-            trajectory.outcome.error = trajectory.notes = f"{trajectory.outcome.error}; {unkept}"
-        return trajectory
+    async def launch(self, run: AgentRun, sandbox: Sandbox) -> Launch:
+        values = self._values(run)
+        return Launch(argv=["/bin/sh", "-c", fill(self.command, values, quote=True)],
+                      env=self._environment(run, values),
+                      files=[SandboxFile(path=INSTRUCTION_FILE, data=run.task.instruction.encode())])
 
-    @staticmethod
-    async def _keep_output(sandbox: Sandbox, result: ExecResult) -> None:
+    async def collect(self, run: AgentRun, sandbox: Sandbox, result: ExecResult) -> None:
+        """The program's stdout and stderr, kept as files beside those it writes itself."""
         await sandbox.write_file(STDOUT_LOG, result.stdout)
         await sandbox.write_file(STDERR_LOG, result.stderr)
 
-    def _timeout(self, model: ModelConfig) -> float:
-        """Killed a margin before the evaluator's deadline (orchard/harnesses/deadline.py), so its end is the
-        harness's to report (its stderr tail) rather than the evaluator's cut-off."""
-        limit = run_limit_s(model, self.timeout_s or None, DEFAULT_TIMEOUT_S)
-        assert limit is not None
-        return limit
+    def convert(self, log: None, run: AgentRun, result: ExecResult) -> Trajectory:
+        """No steps: the evaluator rebuilds them from the gateway's records; only how the program ended."""
+        values = self._values(run)
+        return Trajectory(
+            agent=self.agent(run, extra={"bundle": self.bundle, "command": self.command}),
+            extra={"exit_code": result.exit_code, "timed_out": result.timed_out,
+                   "native_logs": [STDOUT_LOG, STDERR_LOG, *(fill(path, values, quote=False)
+                                                             for path in self.native_logs)]})
 
-    def _values(self, task: Task, model: ModelConfig, timeout: float) -> dict[str, str]:
-        return {"instruction_file": INSTRUCTION_FILE, "instruction": task.instruction,
-                "workdir": task.environment.workdir, "model": model.model, "base_url": model.base_url or "",
+    def ending(self, run: AgentRun, finished: Finished, log: None, trajectory: Trajectory) -> Ending:
+        """Exit code 0 is the agent's own end; a crash or a hang past the time limit is an error, with the
+        program's stderr tail."""
+        result = finished.result
+        tail = _tail(result.stderr)
+        said = f"stderr ends: {tail}" if tail else "nothing on stderr"
+        if result.timed_out:
+            error = (f"timeout: the program ran past its {run.time_limit_s:.0f} s and was killed with its process "
+                     f"group; {said}")
+            if finished.unread is not None:
+                error = f"{error}; {finished.unread}"
+            return Ending(exit_status="timeout", error=error, notes=error)
+        if result.exit_code != 0:
+            error = f"the program exited with code {result.exit_code}; {said}"
+            return Ending(exit_status="agent_error", error=error, notes=error)
+        return Ending(exit_status="submitted", notes=f"exit code 0, {said}")
+
+    def _values(self, run: AgentRun) -> dict[str, str]:
+        assert run.time_limit_s is not None  # default_time_limit_s: never without one
+        return {"instruction_file": INSTRUCTION_FILE, "instruction": run.task.instruction,
+                "workdir": run.workdir, "model": run.model.model, "base_url": run.model.base_url or "",
                 "bundle": self.spec.mount_point(), "entry": shlex.join(self.spec.entry_argv()),
-                "scratch": SCRATCH, "timeout_s": str(max(1, math.floor(timeout)))}
+                "scratch": SCRATCH, "timeout_s": str(max(1, math.floor(run.time_limit_s)))}
 
-    def _environment(self, model: ModelConfig, values: dict[str, str]) -> dict[str, str]:
+    def _environment(self, run: AgentRun, values: dict[str, str]) -> dict[str, str]:
+        model = run.model
         if not model.base_url or model.api_key is None:
             raise InvalidRequest("the cli harness runs a program inside the sandbox and needs the gateway's URL and "
                                  "key there; run it through `orchard eval`, which gives them")
@@ -130,21 +132,6 @@ class CliHarness:
         env.update(self.spec.entry_env())
         env.update({name: fill(value, values, quote=False) for name, value in self.env.items()})
         return env
-
-
-def _settle(trajectory: Trajectory, result: ExecResult, timeout: float) -> None:
-    """exit_status, outcome and notes from how the program ended."""
-    tail = _tail(result.stderr)
-    said = f"stderr ends: {tail}" if tail else "nothing on stderr"
-    if result.timed_out:
-        error = f"timeout: the program ran past its {timeout:.0f} s and was killed with its process group; {said}"
-        trajectory.exit_status, trajectory.outcome = "timeout", Outcome(error=error)
-    elif result.exit_code != 0:
-        error = f"the program exited with code {result.exit_code}; {said}"
-        trajectory.exit_status, trajectory.outcome = "agent_error", Outcome(error=error)
-    else:
-        trajectory.exit_status = "submitted"
-    trajectory.notes = trajectory.outcome.error if trajectory.outcome else f"exit code 0, {said}"
 
 
 def _tail(text: str) -> str:
