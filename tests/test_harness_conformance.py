@@ -23,8 +23,9 @@ class BuiltIn(HarnessConformance):
     bundles: ClassVar[tuple[str, ...]] = ()
 
     @pytest.fixture(scope="class")
-    def orchard_home(self, tmp_path_factory, session_bundles):
-        return session_bundles.home(tmp_path_factory.mktemp("conformance-home"), *self.bundles)
+    @classmethod
+    def orchard_home(cls, tmp_path_factory, session_bundles):
+        return session_bundles.home(tmp_path_factory.mktemp("conformance-home"), *cls.bundles)
 
 
 class TestReact(BuiltIn):
@@ -60,7 +61,8 @@ class TestCli(BuiltIn):
     deadline_s = 20.0
 
     @pytest.fixture(scope="class")
-    def orchard_home(self, bundle_home):  # noqa: F811  (the tiny bundle's home, shared with its tests)
+    @classmethod
+    def orchard_home(cls, bundle_home):  # noqa: F811  (the tiny bundle's home, shared with its tests)
         return bundle_home
 
 

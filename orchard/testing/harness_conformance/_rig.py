@@ -84,7 +84,8 @@ class HarnessConformanceRig:
     # --- what a harness may provide ---------------------------------------------------------------------
 
     @pytest.fixture(scope="class")
-    def orchard_home(self, tmp_path_factory) -> Path:
+    @classmethod
+    def orchard_home(cls, tmp_path_factory) -> Path:
         """The Orchard home the evaluation runs in (its cache holds the agent bundle and, for a harness that
         runs inside the sandbox, its harness bundle, built there on first use). Override it to share one."""
         return tmp_path_factory.mktemp("harness-conformance-home")
@@ -92,35 +93,38 @@ class HarnessConformanceRig:
     # --- the suite's own fixtures -------------------------------------------------------------------
 
     @pytest.fixture(scope="class")
-    def loop(self) -> Iterator[LoopThread]:
+    @classmethod
+    def loop(cls) -> Iterator[LoopThread]:
         thread = LoopThread("orchard-harness-conformance")
         yield thread
         thread.close()
 
     @pytest.fixture(scope="class")
-    def conformance_run(self, orchard_home, loop, tmp_path_factory) -> ConformanceRun:
-        if not self.harness:
+    @classmethod
+    def conformance_run(cls, orchard_home, loop, tmp_path_factory) -> ConformanceRun:
+        if not cls.harness:
             pytest.fail("a HarnessConformance subclass must set `harness` (a registered name or module:Class)",
                         pytrace=False)
         out = tmp_path_factory.mktemp("harness-conformance-run")
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("ORCHARD_HOME", str(orchard_home))
             results = loop.run(run_eval(
-                harness=self.harness, model=MODEL, suite=conformance_suite(self.image), out_dir=out,
-                gateway_config=gateway_config(), parallel=len(SCENARIOS), harness_options=dict(self.harness_options),
-                task_timeout_s=self.deadline_s, backend=self.backend), RUN_TIMEOUT_S)
+                harness=cls.harness, model=MODEL, suite=conformance_suite(cls.image), out_dir=out,
+                gateway_config=gateway_config(), parallel=len(SCENARIOS), harness_options=dict(cls.harness_options),
+                task_timeout_s=cls.deadline_s, backend=cls.backend), RUN_TIMEOUT_S)
         by_task = {trajectory.task_id: trajectory
                    for trajectory in read_jsonl(out / TRAJECTORIES_FILE, Trajectory, allow_interrupted_tail=False)}
-        return ConformanceRun(harness=get_harness(self.harness, **self.harness_options), results=results,
+        return ConformanceRun(harness=get_harness(cls.harness, **cls.harness_options), results=results,
                               trajectories={scenario: by_task[task_id(scenario)] for scenario in SCENARIOS},
                               out_dir=out)
 
     @pytest.fixture(scope="class")
-    def lost_sandbox_run(self, orchard_home, loop) -> LostSandboxRun:
+    @classmethod
+    def lost_sandbox_run(cls, orchard_home, loop) -> LostSandboxRun:
         """The harness set up and run as the evaluator would, on a `MemorySandbox` whose every call raises
         SandboxLost, its model the conformance model behind a real gateway (the solve scenario)."""
-        harness = get_harness(self.harness, **self.harness_options)
-        task = conformance_suite(self.image).get(task_id(SOLVE))
+        harness = get_harness(cls.harness, **cls.harness_options)
+        task = conformance_suite(cls.image).get(task_id(SOLVE))
         sandbox = MemorySandbox(workdir=WORKDIR, sandbox_id="harness-conformance-lost")
         sandbox.lose(LOST_REASON)
         policy = get_policy(MODEL_PATH)
@@ -129,7 +133,7 @@ class HarnessConformanceRig:
             patch.setenv("ORCHARD_HOME", str(orchard_home))
             policy.prepare_rollout(key, task)
             model = ModelConfig(model=MODEL, base_url=gateway.base_url, api_key=gateway.api_key, rollout_key=key,
-                                timeout_s=30, deadline=time.time() + self.deadline_s)
+                                timeout_s=30, deadline=time.time() + cls.deadline_s)
             visible = task.model_copy(update={"grader": None})
 
             async def attempt() -> Trajectory:
@@ -137,7 +141,7 @@ class HarnessConformanceRig:
                 return await harness.run(visible, sandbox, model)
 
             try:
-                return LostSandboxRun(sandbox, loop.run(attempt(), self.deadline_s + 60), None)
+                return LostSandboxRun(sandbox, loop.run(attempt(), cls.deadline_s + 60), None)
             except Exception as exc:  # what it raised is the finding; the checks judge it
                 return LostSandboxRun(sandbox, None, exc)
             finally:
