@@ -28,9 +28,9 @@ class ErrorChecks(HarnessConformanceRig):
         assert run.sandbox.calls, "the harness never used its sandbox, so its losing it could not be checked"
         if run.raised is not None:
             assert isinstance(run.raised, OrchardError), (
-                f"the sandbox was lost and the harness raised {exception_text(run.raised)}: raise (or let "
-                "through) the sandbox's own Orchard error, or return the steps so far with exit_status "
-                "'sandbox_error'")
+                f"the sandbox was lost and the harness raised {type(run.raised).__name__}: "
+                f"{exception_text(run.raised)}: raise (or let through) the sandbox's own Orchard error, or "
+                "return the steps so far with exit_status 'sandbox_error'")
             return
         trajectory = run.trajectory
         assert trajectory is not None
