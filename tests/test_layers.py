@@ -134,10 +134,6 @@ def test_circles_are_found_and_told_as_chains():
     assert _circles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.xfail(strict=False, reason="until the work breaking the last circles is in: orchard/recipes' "
-                                        "translate_captured <-> translate_dialects, translate_actions <-> "
-                                        "translate_agents; orchard/sandbox/server's service, pools, pool_claim, "
-                                        "quarantine, upkeep")
 def test_no_module_imports_one_that_imports_it_back():
     circles = _circles(_import_graph())
     assert not circles, "import circles (move the shared piece into a module of its own):\n" + "\n".join(

@@ -95,7 +95,11 @@ class Harness(Protocol):
 
     A harness that runs *inside* the sandbox names its harness bundle, `bundle = "<name>"`: the evaluator
     mounts it, gives the sandbox the run's gateway at MODEL_GATEWAY_URL, and passes `model` as seen from
-    inside (orchard/eval/in_sandbox.py)."""
+    inside (orchard/eval/in_sandbox.py).
+
+    A harness may also define `def dialect(self) -> Dialect`: how it speaks (its tools as neutral actions, its
+    prompts and result framing, the replay of its calls), so its rollouts take part in cross-harness
+    distillation and credit assignment (orchard/core/dialect.py)."""
 
     name: str
     version: str

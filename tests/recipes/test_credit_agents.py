@@ -1,8 +1,8 @@
 """Credit assignment on failed rollouts of the harnesses that run inside the sandbox: the real Kimi-CLI and
 OpenHands (from their bundles, the session's cache) run a swe-mini task with a script policy that makes a
-wrong fix, and their rollouts are replayed with react's tools, each call as the exact equivalent of that
-harness's own tool (orchard.recipes.credit.replay). The replay must end with the diff the harness left, and
-the diff after each step gives the hindsight values. Fast tests: the exact scripts run with real bash
+wrong fix, and their rollouts are replayed with bash, each call as the exact equivalent of that harness's
+own tool (their dialects' replay: orchard/harnesses/kimi_cli/dialect.py, openhands/dialect.py). The replay
+must end with the diff the harness left, and the diff after each step gives the hindsight values. Fast tests: the exact scripts run with real bash
 against what the harnesses' tools do (their code, read from Kimi-CLI 1.51.0 and the OpenHands SDK 1.58.2),
 and the calls refused."""
 
@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from orchard.core.actions import UnreplayableCall
+from orchard.core.dialect import harness_dialect
 from orchard.core.trajectory import Agent, Observation, ObservationResult, Step, ToolCall, Trajectory
 from orchard.eval.suites import load_suite
+from orchard.harnesses.exact_replay import REFUSED
 from orchard.recipes.credit.assign import assign_credit
-from orchard.recipes.credit.replay import REFUSED, UnreplayableCall, exact_plan
 from orchard.recipes.credit.values import CreditSettings
 from orchard.recipes.translate.harness_replay import run_scripted
 from orchard.sandbox.client import AsyncOrchard
@@ -112,9 +114,9 @@ def _rollout(harness: str, calls: list[tuple[str, dict, str]]) -> Trajectory:
 
 def _run(tmp_path: Path, harness: str, calls: list[tuple[str, dict, str]]) -> list[subprocess.CompletedProcess]:
     done = []
-    for exact in exact_plan(_rollout(harness, calls), str(tmp_path)).values():
-        if exact.call is not None:
-            done.append(subprocess.run(["bash", "-c", exact.call[1]["command"]], cwd=tmp_path, capture_output=True,
+    for exact in harness_dialect(harness).replay(_rollout(harness, calls), str(tmp_path)).plan.values():
+        if exact.command is not None:
+            done.append(subprocess.run(["bash", "-c", exact.command], cwd=tmp_path, capture_output=True,
                                        text=True))
     return done
 
@@ -171,6 +173,7 @@ def test_openhands_tools_replay_as_openhands_runs_them(tmp_path):
 ])
 def test_calls_without_an_exact_replay_are_refused_before_a_sandbox_starts(harness, name, arguments, result, reason):
     with pytest.raises(UnreplayableCall, match=reason) as raised:
-        exact_plan(_rollout(harness, [("Shell" if harness == "kimi-cli" else "terminal", {"command": "ls"},
-                                       "[Current working directory: /w]"), (name, arguments, result)]), "/w")
+        harness_dialect(harness).replay(_rollout(harness, [("Shell" if harness == "kimi-cli" else "terminal",
+                                                            {"command": "ls"}, "[Current working directory: /w]"),
+                                                           (name, arguments, result)]), "/w")
     assert f"call c1 ({name}, step 3)" in str(raised.value)

@@ -36,9 +36,9 @@ def policy():
 
 
 def _react_request(task):
-    from orchard.recipes.translate.dialects import ReactDialect
+    from orchard.core.dialect import harness_dialect
 
-    return ReactDialect().initial_messages(task.id, task.instruction, task.environment.workdir)
+    return harness_dialect("react").initial_messages(task.id, task.instruction, task.environment.workdir)
 
 
 def test_every_second_rollout_of_a_task_plays_the_oracle_scored_by_the_policy(policy):

@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from orchard.core.actions import Create, Replace, View
 from orchard.core.jsonl import read_jsonl
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
 from orchard.eval.suites import load_suite
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.recipes.translate.actions import MINI_SUBMIT_COMMAND, Create, Replace, View, shell_command
 from orchard.recipes.translate.replay import replay_patch
 from orchard.recipes.translate.trajectory import UntranslatableCall, translate_all, translate_trajectory
 from orchard.sandbox.client import AsyncOrchard
+from orchard.util.shell_forms import SUBMIT_COMMAND, shell_command
 from tests.harness_rig import tool_calls
 
 PAGEKIT, LOGSTAMP = "orchard__pagekit-112", "orchard__logstamp-57"
@@ -87,7 +88,7 @@ async def test_react_trajectories_translated_to_mini_swe_agent_replay_to_the_sam
     translated = translate_trajectory(edited, "mini-swe-agent")
     commands = [json.loads(c.raw_arguments)["command"] for s in translated.steps for c in s.tool_calls]
     assert commands[0].startswith("echo . && find .") and commands[1] == "cat -n pagekit/paginator.py | sed -n '15,22p'"
-    assert commands[2].startswith("python3 - <<'EOF'") and commands[-1] == MINI_SUBMIT_COMMAND
+    assert commands[2].startswith("python3 - <<'EOF'") and commands[-1] == SUBMIT_COMMAND
     assert {c.function_name for s in translated.steps for c in s.tool_calls} == {"bash"}
     # the prompts are mini-swe-agent's own, around the same task
     system, user = translated.steps[0].message, translated.steps[1].message

@@ -14,16 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from orchard.core.actions import Create, Edits, Insert, Replace, Shell, Submit, UntranslatableCall, View
+from orchard.core.captured_prompts import load_prompt, prompt_path
+from orchard.core.dialect import harness_dialect
 from orchard.core.trajectory import ObservationResult, Trajectory
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.suites import load_suite
-from orchard.recipes.translate.actions import Create, Edits, Insert, Replace, Shell, Submit, View, shell_command
-from orchard.recipes.translate.captured import CapturedDialect, capture_prompts, load_prompt, prompt_path
+from orchard.recipes.translate.captured import capture_prompts
 from orchard.recipes.translate.harness_replay import replay_in_harness, run_scripted
 from orchard.recipes.translate.replay import replay_patch
 from orchard.recipes.translate.trajectory import translate_trajectory
-from orchard.recipes.translate.vocabularies import vocabulary
 from orchard.sandbox.client import AsyncOrchard
+from orchard.util.shell_forms import shell_command
 from tests.recipes.test_translate import PAGEKIT, REACT_SCRIPT, record, scripted_config
 
 WORKDIR = "/testbed"
@@ -120,7 +122,7 @@ async def test_react_rollouts_replay_in_kimi_cli_and_openhands(agents_home, tmp_
     async with AsyncOrchard(home=agents_home) as orchard:
         for harness in ("kimi-cli", "openhands"):
             await capture_prompts(harness, [PAGEKIT], orchard_client=orchard)
-    kimi = CapturedDialect("kimi-cli")
+    kimi = harness_dialect("kimi-cli")
     assert prompt_path("kimi-cli", kimi.version, PAGEKIT).is_file()
     captured = load_prompt("kimi-cli", kimi.version, PAGEKIT)
     assert "Kimi" in captured.messages[0]["content"] and {t["function"]["name"] for t in captured.tools} >= {
@@ -173,30 +175,28 @@ async def test_kimi_cli_and_openhands_rollouts_replay_in_every_other_harness(age
 # --- fast: the vocabularies and the result formats -------------------------------------------------------
 
 def test_kimi_and_openhands_calls_round_trip_through_the_actions():
-    kimi, openhands = vocabulary("kimi-cli"), vocabulary("openhands")
+    kimi, openhands = harness_dialect("kimi-cli"), harness_dialect("openhands")
     actions = [Shell("ls"), View("a.py", (3, 9)), Replace("a.py", "x", "y"), Submit("done"),
                Edits("a.py", (("x", "y", False), ("z", "w", True))), Create("b.py", "text", overwrites=True),
                Create("c.txt", "more", append=True)]
     for action in actions:
-        written = kimi.write(action, WORKDIR)
+        written = kimi.write_call(action, WORKDIR)
         if isinstance(action, Submit):
             assert written is None  # Kimi ends with a plain reply
             continue
-        read = kimi.read(*written, "")
+        read = kimi.read_call(*written, "")
         assert read == (dataclasses.replace(action, overwrites=None) if isinstance(action, Create) else action)
-    assert kimi.write(Create("new/dir/f.py", "x", overwrites=False), WORKDIR)[0] == "Shell"
-    assert kimi.write(Create("f.py", "x", overwrites=False), WORKDIR)[0] == "WriteFile"
+    assert kimi.write_call(Create("new/dir/f.py", "x", overwrites=False), WORKDIR)[0] == "Shell"
+    assert kimi.write_call(Create("f.py", "x", overwrites=False), WORKDIR)[0] == "WriteFile"
     for action in [Shell("ls"), View("/testbed/a.py", (3, 9)), Replace("/testbed/a.py", "x", "y"),
                    Insert("/testbed/a.py", 2, "z"), Create("/testbed/f.py", "x", overwrites=False), Submit("ok")]:
-        assert openhands.read(*openhands.write(action, WORKDIR), "") == action
-    assert openhands.write(View("a.py"), WORKDIR)[1]["path"] == "/testbed/a.py"  # its editor takes absolute paths
-    assert openhands.write(Create("f.py", "x"), WORKDIR)[0] == "terminal"  # may exist: create would refuse
-    from orchard.recipes.translate.actions import UntranslatableCall
-
+        assert openhands.read_call(*openhands.write_call(action, WORKDIR), "") == action
+    assert openhands.write_call(View("a.py"), WORKDIR)[1]["path"] == "/testbed/a.py"  # its editor takes absolute paths
+    assert openhands.write_call(Create("f.py", "x"), WORKDIR)[0] == "terminal"  # may exist: create would refuse
     for harness, name, arguments in [("kimi-cli", "Grep", {"pattern": "x"}), ("openhands", "think", {"thought": "t"}),
                                      ("openhands", "terminal", {"command": "C-c", "is_input": True})]:
         with pytest.raises(UntranslatableCall):
-            vocabulary(harness).read(name, arguments, "")
+            harness_dialect(harness).read_call(name, arguments, "")
 
 
 def test_edits_insert_and_append_as_shell_commands_match_the_harnesses(tmp_path):
@@ -221,7 +221,7 @@ def test_edits_insert_and_append_as_shell_commands_match_the_harnesses(tmp_path)
 
 
 def test_tool_results_are_read_out_of_each_harness_framing():
-    kimi, openhands = CapturedDialect("kimi-cli"), CapturedDialect("openhands")
+    kimi, openhands = harness_dialect("kimi-cli"), harness_dialect("openhands")
     ok = ObservationResult(source_call_id="c", content="<system>Command executed successfully.</system>hi\n")
     failed = ObservationResult(source_call_id="c", content="<system>ERROR: Command failed with exit code: 2.</system>no\n")
     assert (kimi.read_result("Shell", ok).output, kimi.read_result("Shell", ok).returncode) == ("hi\n", 0)
@@ -254,6 +254,6 @@ async def test_orchard_train_sft_target_harness_kimi_cli_captures_and_trains(age
         "train", "sft", str(tmp_path / "oracle"), "--model", str(model), "--out", str(tmp_path / "sft"),
         "--target-harness", "kimi-cli", "--max-steps", "1", "--grad-accum", "1"])
     assert result.exit_code == 0, result.output
-    assert load_prompt("kimi-cli", CapturedDialect("kimi-cli").version, PAGEKIT) is not None
+    assert load_prompt("kimi-cli", harness_dialect("kimi-cli").version, PAGEKIT) is not None
     metrics = json.loads((tmp_path / "sft" / "metrics.json").read_text())
     assert metrics["data"]["examples"] == 3 and (tmp_path / "sft" / "model" / "config.json").is_file()

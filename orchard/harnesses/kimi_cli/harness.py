@@ -11,6 +11,7 @@ from orchard.core.trajectory import Trajectory
 from orchard.harnesses.in_sandbox import AgentRun, Ending, Finished, InSandboxHarness, Launch, SandboxFile
 from orchard.harnesses.kimi_cli.config import CONFIG_FILE, DEFAULT_CONTEXT_SIZE, MODEL_ALIAS, SHARE_DIR, config_toml
 from orchard.harnesses.kimi_cli.convert import KimiSession, trajectory_from_session
+from orchard.harnesses.kimi_cli.dialect import KimiCliDialect
 
 DEFAULT_STEP_LIMIT = 100
 STDERR_TAIL = 2000
@@ -31,6 +32,10 @@ class KimiCliHarness(InSandboxHarness):
         self.step_limit = step_limit
         self.max_context_size = max_context_size
         self.timeout_s = timeout_s
+
+    def dialect(self) -> KimiCliDialect:
+        """Kimi's tools, captured prompt and result framing, and the exact replay of its calls (dialect.py)."""
+        return KimiCliDialect(self.version)
 
     async def launch(self, run: AgentRun, sandbox: Sandbox) -> Launch:
         """`kimi --print --output-format stream-json`, auto-approving, in the workdir, with the bundle's `bin/`

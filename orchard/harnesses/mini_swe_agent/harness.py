@@ -28,6 +28,7 @@ from orchard.core.trajectory import Agent, Outcome, Trajectory
 from orchard.harnesses.deadline import deadline_margin_s
 from orchard.harnesses.mini_swe_agent.bridge import LoopBridge, run_in_thread
 from orchard.harnesses.mini_swe_agent.convert import convert_trajectory
+from orchard.harnesses.mini_swe_agent.dialect import MiniSweAgentDialect
 from orchard.harnesses.mini_swe_agent.environment import (
     OrchardSandboxEnvironment,
     SandboxCallFailed,
@@ -65,6 +66,10 @@ class MiniSweAgentHarness:
             {"agent": {key: value for key, value in limits.items() if value is not None}},
             {"environment": {"timeout": command_timeout_s}} if command_timeout_s is not None else {})
         self.agent_config = self._agent_config()
+
+    def dialect(self) -> MiniSweAgentDialect:
+        """Its tool, prompts and observations with this config, and the replay of its calls (dialect.py)."""
+        return MiniSweAgentDialect(self)
 
     def _agent_config(self) -> dict[str, Any]:
         agent = dict(self.config.get("agent") or {})

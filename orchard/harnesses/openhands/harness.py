@@ -31,6 +31,7 @@ from orchard.harnesses.in_sandbox import AgentRun, Ending, Finished, InSandboxHa
 from orchard.harnesses.in_sandbox.native_log import read_json, read_jsonl
 from orchard.harnesses.openhands.bundle import SDK_VERSION, SPEC
 from orchard.harnesses.openhands.convert import ConvertedRun, convert_events
+from orchard.harnesses.openhands.dialect import OpenHandsDialect
 
 DRIVER_SOURCE = Path(__file__).with_name("driver.py")
 STATE_DIR = "/tmp/.orchard-openhands"  # driver, config, the SDK's persisted conversation; outside every workdir
@@ -65,6 +66,10 @@ class OpenHandsHarness(InSandboxHarness):
                                  "timeout_s > 0")
         self.step_limit, self.model_retries, self.retry_wait_s = step_limit, model_retries, retry_wait_s
         self.timeout_s, self.reasoning_effort = timeout_s, reasoning_effort
+
+    def dialect(self) -> OpenHandsDialect:
+        """OpenHands' tools, captured prompt and result framing, and the exact replay of its calls (dialect.py)."""
+        return OpenHandsDialect(self.version)
 
     async def setup(self, task: Task, sandbox: Sandbox) -> None:
         """The trial's harness-setup phase: the driver placed under STATE_DIR (a failure is a harness_error)."""

@@ -23,6 +23,7 @@ from orchard.core.trajectory import Agent, Outcome, Step, Trajectory
 from orchard.harnesses.deadline import deadline_margin_s
 from orchard.harnesses.openai_client import ChatClient, Completion, CompletionToolCall
 from orchard.harnesses.react.config import ReActConfig
+from orchard.harnesses.react.dialect import ReactDialect
 from orchard.harnesses.react.prompts import render
 from orchard.harnesses.react.tools import (
     TOOL_DEFINITIONS,
@@ -49,6 +50,10 @@ class ReActHarness:
             self.config = ReActConfig.model_validate({**base, **fields})
         except ValidationError as exc:
             raise InvalidRequest(f"invalid react harness config: {describe_validation_errors(exc, 'config')}") from None
+
+    def dialect(self) -> ReactDialect:
+        """Its tools, prompts and result framing with this config, and the replay of its calls (dialect.py)."""
+        return ReactDialect(self.config, version=self.version, no_tool_call_message=NO_TOOL_CALL_MESSAGE)
 
     async def run(self, task: Task, sandbox: Sandbox, model: ModelConfig) -> Trajectory:
         return await _Episode(self.config, task, sandbox, model).run()

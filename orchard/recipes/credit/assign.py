@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from orchard.core.dialect import harness_dialect
 from orchard.core.task import Task
 from orchard.core.trajectory import Trajectory
 from orchard.recipes.credit.judge import JudgeConfig, judge_values
@@ -111,7 +112,8 @@ def credit_from_values(trajectory: Trajectory, proxies: Mapping[str, Sequence[fl
     steps_delta = deltas(smoothed, start_value)
     peak = peak_index(smoothed)
     segments = ascent_segments(steps_delta, peak, min_delta=settings.min_delta, min_gain=settings.min_gain)
-    submits = [is_submit(trajectory, step) for step in steps]
+    dialect = harness_dialect(trajectory.agent.name)
+    submits = [is_submit(dialect, step) for step in steps]
     weights = segment_weights(steps_delta, segments, submits, settings)
     return RolloutCredit(
         rollout_key=trajectory.rollout_key or "", task_id=trajectory.task_id, harness=trajectory.agent.name,

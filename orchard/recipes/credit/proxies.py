@@ -7,8 +7,9 @@
 - `tests_passing`: the share of the task's FAIL_TO_PASS tests that pass with the working tree of that step.
 
 The diffs come from replaying the rollout's tool calls with its harness's own tools in a fresh task sandbox
-(orchard.recipes.translate.replay.replay_patch), taking the diff after each agent step that could have changed a file
-(every step but those that only view or submit); a step after which nothing was taken has the diff of
+(orchard.recipes.translate.replay.replay_patch: the replay its harness's dialect declares), taking the diff
+after each agent step that could have changed a file (every step but those that only view or submit, as the
+dialect reads its calls); a step after which nothing was taken has the diff of
 the step before. Tests run in a fresh sandbox per distinct diff (the evaluator's grading steps: the diff,
 the test patch, then FAIL_TO_PASS), cached by the diff's text, and only for at most `max_test_runs`
 distinct diffs per rollout, spread evenly and always including the last; a step whose diff was not tested
@@ -22,14 +23,14 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from orchard.core.actions import Submit, UntranslatableCall, View
+from orchard.core.dialect import Dialect, harness_dialect
 from orchard.core.task import SWETestsGrader, Task
 from orchard.core.trajectory import Step, Trajectory
 from orchard.eval import swe_tests
 from orchard.eval.grading import GRADER_PYTHON, sandbox_runner
 from orchard.eval.task_sandbox import create_task_sandbox
-from orchard.recipes.translate.actions import Submit, UntranslatableCall, View
 from orchard.recipes.translate.replay import replay_patch
-from orchard.recipes.translate.vocabularies import vocabulary
 from orchard.sandbox.client import AsyncOrchard
 
 DIFF_FILE = re.compile(r"^diff --git a/(.*?) b/(.*)$")
@@ -96,23 +97,21 @@ def gold_files_opened(trajectory: Trajectory, gold: str) -> list[float]:
     return values
 
 
-def is_submit(trajectory: Trajectory, step: Step) -> bool:
-    """Whether the step submits (the harness's submit tool or command)."""
-    reader = vocabulary(trajectory.agent.name)
+def is_submit(dialect: Dialect, step: Step) -> bool:
+    """Whether the step submits (the harness's submit tool or command), as its harness's `dialect` reads it."""
     for call in step.tool_calls:
         try:
-            if isinstance(reader.read(call.function_name, call.arguments, ""), Submit):
+            if isinstance(dialect.read_call(call.function_name, call.arguments, ""), Submit):
                 return True
         except UntranslatableCall:
             continue
     return False
 
 
-def may_change_files(trajectory: Trajectory, step: Step) -> bool:
-    reader = vocabulary(trajectory.agent.name)
+def may_change_files(dialect: Dialect, step: Step) -> bool:
     for call in step.tool_calls:
         try:
-            action = reader.read(call.function_name, call.arguments, "")
+            action = dialect.read_call(call.function_name, call.arguments, "")
         except UntranslatableCall:
             return True
         if not isinstance(action, (View, Submit)):
@@ -130,7 +129,8 @@ async def sandbox_proxies(orch: AsyncOrchard, task: Task, trajectory: Trajectory
     steps = agent_steps(trajectory)
     result = ProxyValues(step_ids=[step.step_id for step in steps])
     result.values["gold_files_opened"] = gold_files_opened(trajectory, gold)
-    replay = await replay_patch(orch, task, trajectory, diff_after=lambda step: may_change_files(trajectory, step))
+    dialect = harness_dialect(trajectory.agent.name)
+    replay = await replay_patch(orch, task, trajectory, diff_after=lambda step: may_change_files(dialect, step))
     recorded = (trajectory.outcome.details.get("patch") if trajectory.outcome else None)
     result.replay_matches_record = None if recorded is None else recorded == replay.patch
     patches, last = [], ""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchard.core.dialect import harness_dialect
 from orchard.core.trajectory import Trajectory
 from orchard.recipes.common.examples import BuildReport, ExampleFilters, build_examples
 from orchard.recipes.credit.assign import CreditReport, RolloutCredit, StepCredit, assign_credit, build_credit_examples
@@ -66,12 +67,12 @@ def prepare_examples(trajectories: Sequence[Trajectory], tokenizer: Any, *, filt
 
 
 async def _capture_prompts(trajectories: Sequence[Trajectory], target: str, suite: str, home: Path | None) -> None:
-    """Kimi-CLI's and OpenHands' prompts are the harness's own: run it once per task not captured yet
-    (orchard.recipes.translate.captured)."""
-    from orchard.recipes.translate.captured import CAPTURED_HARNESSES, capture_prompts
+    """A harness that renders its own prompts (Kimi-CLI, OpenHands: `Dialect.captures_prompt`) is run once per
+    task not captured yet (orchard.recipes.translate.captured)."""
+    from orchard.recipes.translate.captured import capture_prompts
 
     task_ids = sorted({t.task_id for t in trajectories if t.task_id and t.agent.name != target})
-    if target in CAPTURED_HARNESSES and task_ids:  # the harness runs in sandboxes of $ORCHARD_HOME
+    if task_ids and harness_dialect(target).captures_prompt:  # the harness runs in sandboxes of $ORCHARD_HOME
         await capture_prompts(target, task_ids, suite=suite, home=home)
 
 

@@ -1,18 +1,21 @@
 """Cross-harness distillation: a trajectory recorded in harness A, rendered as harness B would have recorded
-it — B's system and instance prompts, B's tools (actions.py), B's way of returning tool results
-(dialects.py) — so a teacher's rollouts in one harness train a student for another.
+it — B's system and instance prompts, B's tools, B's way of returning tool results — so a teacher's rollouts
+in one harness train a student for another. What each harness says and how is its dialect, which the harness
+declares itself (orchard/core/dialect.py; react's is orchard/harnesses/react/dialect.py): A's reads each of
+its calls into a neutral action (orchard/core/actions.py), B's writes the action as its own call. Any
+registered harness with a dialect can be A or B, a plug-in's too.
 
 `translate_trajectory(trajectory, "mini-swe-agent")` returns a Trajectory whose `agent.name` is B, whose
 agent steps make B's tool calls with the teacher's own words (message and reasoning kept), and whose
 `llm_calls` hold, for each agent step, the request B would have sent (messages + B's tools) and the reply
 in B's vocabulary: what `orchard.recipes.common.examples.build_examples` trains on. The calls carry no
 token ids (the text was translated, so no policy produced those tokens: examples are rendered with the
-student's template). The outcome, task and exit status are the source's: the translated calls do the same work,
-which `replay.replay_patch` checks by running them with B's tools in a fresh sandbox.
+student's template). The outcome, task and exit status are the source's: the translated calls do the same
+work, which `replay.replay_patch` checks by running them with B's tools in a fresh sandbox.
 
-Harnesses: react, mini-swe-agent (prompts rendered here from their own templates), kimi-cli and openhands
-(prompts captured from the harness itself, captured.py; their tools in agents.py; the
-replay check runs the real harness, harness_replay.py).
+A harness that renders its own prompts (`Dialect.captures_prompt`: Kimi-CLI, OpenHands) has them captured
+from the harness itself first (captured.py), and its replay check runs the real harness
+(harness_replay.py).
 
 Tool results are translated as text (an exit code and output carried over); `observations=` replaces them
 with what B's tools really printed (from `replay_patch`). The translated rollout's key is the source's
@@ -24,6 +27,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from orchard.core.actions import Action, Submit, UntranslatableCall
+from orchard.core.dialect import Dialect, Observed, harness_dialect
 from orchard.core.trajectory import (
     Agent,
     FinalMetrics,
@@ -34,10 +39,6 @@ from orchard.core.trajectory import (
     ToolCall,
     Trajectory,
 )
-from orchard.recipes.translate.actions import Action, Submit, UntranslatableCall
-from orchard.recipes.translate.conversation import Dialect, Observed
-from orchard.recipes.translate.dialects import dialect
-from orchard.recipes.translate.vocabularies import vocabulary
 
 DEFAULT_WORKDIR = "/testbed"
 
@@ -49,13 +50,13 @@ def translate_trajectory(trajectory: Trajectory, target: str, *, instruction: st
     the source's first user message (its instance template) says. Raises UntranslatableCall when a call has
     no equivalent in the target's tools.
 
-    How runs end differs: react and OpenHands call a submit tool, mini-swe-agent runs its submit command,
-    Kimi-CLI (and OpenHands) end with a reply that calls no tool. A source's ending becomes the target's
-    (`Submit`); a reply without tool calls in the middle of a react or mini-swe-agent run (which they answer
-    with a nudge) is left out of a target where it would end the run."""
+    How runs end differs (e.g. react calls a submit tool, mini-swe-agent runs its submit command, Kimi-CLI
+    ends with a reply that calls no tool). A source's ending becomes the target's (`Submit`); a reply without
+    tool calls in the middle of a run whose harness answers it with a nudge is left out of a target where it
+    would end the run (`Dialect.ends_on_reply`)."""
     source_name = trajectory.agent.name
-    source, reader, writer = dialect(source_name), vocabulary(source_name), vocabulary(target)
-    target_d = target_dialect or dialect(target)
+    source = harness_dialect(source_name)
+    target_d = target_dialect or harness_dialect(target)
     task = source.read_task(trajectory) if instruction is None or workdir is None else None
     instruction = instruction if instruction is not None else task.instruction
     workdir = workdir or (task.workdir if task else None) or DEFAULT_WORKDIR
@@ -66,19 +67,19 @@ def translate_trajectory(trajectory: Trajectory, target: str, *, instruction: st
         results = {r.source_call_id: r for r in (step.observation.results if step.observation else [])}
         translated: list[tuple[ToolCall, Action, Observed]] = []
         ends, summary = False, None
-        actions = [(call, reader.read(call.function_name, call.arguments, _content(results.get(call.tool_call_id))))
-                   for call in _valid(step)]
+        actions = [(call, source.read_call(call.function_name, call.arguments,
+                                           _content(results.get(call.tool_call_id)))) for call in _valid(step)]
         if not actions and source.ends_on_reply:  # the source's run ends with this reply
             actions = [(None, Submit(step.message if isinstance(step.message, str) and step.message else None))]
         if not actions and target_d.ends_on_reply:
             continue  # a nudged reply in the source would end the target's run: left out
         for call, action in actions:
-            written = writer.write(action, workdir)
+            written = target_d.write_call(action, workdir)
             if written is None:  # the target ends its run with a plain reply
                 ends, summary = True, getattr(action, "summary", None)
                 continue
             name, arguments = written
-            as_target = writer.read(name, arguments, "")  # what the call is in the target
+            as_target = target_d.read_call(name, arguments, "")  # what the call is in the target
             call_id = call.tool_call_id if call is not None else f"call_end_{step.step_id}"
             observed = source.read_result(call.function_name, results.get(call.tool_call_id)) if call else Observed("")
             translated.append((ToolCall(tool_call_id=call_id, function_name=name, arguments=arguments,
@@ -105,7 +106,7 @@ def _valid(step: Step) -> list[ToolCall]:
 def translate_all(trajectories: Iterable[Trajectory], target: str) -> tuple[list[Trajectory], dict[str, str]]:
     """Every trajectory not already in `target` translated (those in `target` kept as they are); the
     rollouts that could not be translated, by rollout key, with why."""
-    target_d = dialect(target)
+    target_d = harness_dialect(target)
     kept, refused = [], {}
     for trajectory in trajectories:
         if trajectory.agent.name == target:
