@@ -149,7 +149,7 @@ async def test_a_harness_past_the_task_timeout_is_an_error_and_its_sandbox_is_de
     scripted.load([{"content": "thinking...", "delay_s": 2.5}], loop=True)
     # the script never ends (it loops): only the task timeout ends the run
     results = await returns(evaluate(home, tmp_path / "run", model=SCRIPTED, config=scripted_config(scripted),
-                                     tasks=[PAGEKIT], task_timeout_s=1), "a run whose harness never finishes")
+                                     tasks=[PAGEKIT], timeouts=TrialTimeouts(agent_s=1)), "a run whose harness never finishes")
     (row,) = results.tasks
     assert row.status == "error" and "ran past the task timeout of 1 s" in row.error
 

@@ -7,10 +7,10 @@ what matters is how its end is bounded and classed; the adapters' real runs are 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
+from orchard.core.deadline import Deadline
 from orchard.core.errors import SandboxLost
 from orchard.core.harness import ModelConfig
 from orchard.harnesses.deadline import (
@@ -24,7 +24,7 @@ from orchard.harnesses.deadline import (
 
 
 def _model(deadline_in_s: float | None) -> ModelConfig:
-    return ModelConfig(model="m", deadline=None if deadline_in_s is None else time.time() + deadline_in_s)
+    return ModelConfig(model="m", deadline=None if deadline_in_s is None else Deadline.after(deadline_in_s))
 
 
 def test_the_margin_has_a_floor_a_share_and_a_cap():
@@ -46,7 +46,7 @@ async def test_work_after_a_stop_ends_before_the_deadline_with_the_reason():
     model = _model(AFTER_STOP_RESERVE_S + 0.5)
     value, why = await after_stop(model, lambda: asyncio.sleep(60, result="never"))
     assert value is None and "before the evaluator's deadline" in why
-    assert time.time() < model.deadline
+    assert not model.deadline.expired
 
 
 async def test_a_sandbox_failing_the_work_after_a_stop_is_a_reason_not_an_error():

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
+from orchard.core.deadline import Deadline
 from orchard.core.chat import to_chat_messages
 from orchard.core.errors import InvalidRequest
 from orchard.core.harness import ModelConfig, get_harness
@@ -143,12 +143,12 @@ async def test_the_evaluators_deadline_stops_a_hanging_command_and_the_loop_befo
     package's own loop ends on its wall-time limit, a time limit with the steps so far."""
     scripted.load([tool_calls(("bash", {"command": "echo begun; sleep 60"}))], loop=True)
     task = swe_mini_task(TASK_ID)
-    model = model_config(gateway).model_copy(update={"deadline": time.time() + 8})
+    model = model_config(gateway).model_copy(update={"deadline": Deadline.after(8)})
     async with AsyncOrchard(home=home) as orch, task_sandbox(orch, task) as sandbox:
         trajectory = await MiniSweAgentHarness(command_timeout_s=60).run(task, sandbox, model)
     gateway.end_rollout(model.rollout_key)
     assert trajectory.outcome is None and trajectory.exit_status == "time_limit", trajectory.notes
-    assert time.time() < model.deadline, "the loop ran past the evaluator's deadline"
+    assert not model.deadline.expired, "the loop ran past the evaluator's deadline"
     result = trajectory.steps[-1].observation.results[0]
     assert result.extra["returncode"] == -1 and "begun" in result.content
 

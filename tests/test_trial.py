@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from orchard.eval.run_config import TrialTimeouts
 from orchard.cli.main import app
 from orchard.core.errors import GraderError
 from orchard.core.jsonl import read_jsonl
@@ -148,7 +149,7 @@ async def test_a_grader_failure_in_a_run_is_an_error_retried_on_resume(home, tmp
 
 async def test_a_timeout_keeps_the_steps_taken_so_far(home, tmp_path, scripted):
     scripted.load([bash("echo first-step"), bash("echo second-step"), {"content": "thinking...", "delay_s": 30}])
-    results = await evaluate(home, tmp_path / "run", scripted, [PAGEKIT], task_timeout_s=8)
+    results = await evaluate(home, tmp_path / "run", scripted, [PAGEKIT], timeouts=TrialTimeouts(agent_s=8))
     (row,) = results.tasks
     assert (row.status, row.exit_status, row.partial) == ("error", "timeout", True)
     (trajectory,) = trajectories(tmp_path / "run")

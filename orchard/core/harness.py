@@ -9,12 +9,12 @@ called with the options given to `get_harness`."""
 from __future__ import annotations
 
 import inspect
-import time
 from importlib.metadata import EntryPoint, PackageNotFoundError, version as distribution_version
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from orchard.core.deadline import Deadline
 from orchard.core.errors import InvalidRequest, PluginError
 from orchard.core.plugins import BUILTIN_DISTRIBUTION, PluginInfo, Registry, check_name
 from orchard.core.sandbox import Sandbox
@@ -66,17 +66,17 @@ class ModelConfig(BaseModel):
     rollout_key: str | None = None
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     timeout_s: float = Field(default=600, gt=0, description="per model call")
-    deadline: float | None = Field(
-        default=None, allow_inf_nan=False,
-        description="when the agent's time is up (seconds since the epoch, `time.time()`): the evaluator stops "
-                    "the harness then, so a harness can wrap up before it (see `time_left_s`)")
+    deadline: Deadline | None = Field(
+        default=None,
+        description="when the agent's time is up (orchard/core/deadline.py): the evaluator stops the harness "
+                    "then, so a harness can wrap up before it (see `time_left_s`)")
 
     def headers(self) -> dict[str, str]:
         return {ROLLOUT_KEY_HEADER: self.rollout_key} if self.rollout_key else {}
 
     def time_left_s(self) -> float | None:
         """Seconds until `deadline` (never below 0), None without one."""
-        return None if self.deadline is None else max(0.0, self.deadline - time.time())
+        return None if self.deadline is None else self.deadline.time_left_s()
 
 
 @runtime_checkable

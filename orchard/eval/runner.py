@@ -97,14 +97,14 @@ def new_run_id() -> str:
 async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, out_dir: str | Path,
                    gateway_config: GatewayConfig, task_ids: list[str] | None = None, parallel: int = 4,
                    harness_options: dict[str, Any] | None = None, sampling: SamplingParams | None = None,
-                   timeouts: TrialTimeouts | None = None, task_timeout_s: float | None = None,
+                   timeouts: TrialTimeouts | None = None,
                    orchard_url: str | None = None, orchard_client: SandboxFactory | None = None,
                    backend: BackendConfig | str | None = None, listener: EvalListener | None = None,
                    pool: int = 0) -> EvalResults:
     """Evaluate and return the results (also in `out_dir`). Everything a user can get wrong (unknown
     harness, suite or task, an output directory holding another configuration or a file) is refused
     before anything is written. `gateway_config` says which models the run's gateway serves (see
-    `orchard.eval.models`). `timeouts` are the trials' limits; `task_timeout_s` sets only the agent's.
+    `orchard.eval.models`). `timeouts`: the trials' limits (the agent's is `agent_s`).
     Sandboxes come from `orchard_client` when given (it stays open), else from a client of its own:
     embedded on `backend` (a config or a backend's name; default local), or the server at `orchard_url` /
     ORCHARD_URL. `pool`: keep this many sandboxes of each task template started in the run's own
@@ -115,8 +115,6 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
     if out.exists() and not out.is_dir():
         raise InvalidRequest(f"--out {out} is a file; give a directory (it is created if missing)")
     timeouts = timeouts or TrialTimeouts()
-    if task_timeout_s is not None:
-        timeouts = timeouts.model_copy(update={"agent_s": task_timeout_s})
     options = dict(harness_options or {})
     agent = get_harness(harness, **options)
     bundle = harness_bundle(agent)

@@ -32,6 +32,7 @@ from typing import Awaitable, Callable, TypeVar
 
 from pydantic import SecretStr, ValidationError
 
+from orchard.core.deadline import Deadline
 from orchard.core.errors import (
     BackendError,
     InvalidRequest,
@@ -99,7 +100,7 @@ class Trial:
         self.rig, self.task, self.key, self.labels = rig, task, rollout_key, labels
         self.phases: list[PhaseRecord] = []
         self.started = time.monotonic()
-        self.deadline = self.started + rig.timeouts.trial_s
+        self.deadline = Deadline(self.started + rig.timeouts.trial_s)
         self.agent_wall_s = 0.0
         self.cpu_s: float | None = None
         self.sandbox_startup: StartupTimings | None = None  # the task sandbox's start, stage by stage
@@ -124,7 +125,7 @@ class Trial:
         assert checkpoint.trajectory is not None and checkpoint.patch is not None
         self.phases = [phase for phase in checkpoint.phases if phase.name != "verify"]
         self.started = time.monotonic() - checkpoint.elapsed_s
-        self.deadline = self.started + self.rig.timeouts.trial_s
+        self.deadline = Deadline(self.started + self.rig.timeouts.trial_s)
         self.cpu_s, self.sandbox_startup = checkpoint.sandbox_cpu_s, checkpoint.sandbox_startup
         self._earlier_calls = list(checkpoint.llm_calls)
         self._kept = checkpoint
@@ -168,7 +169,7 @@ class Trial:
     async def _up_to_patch(self) -> tuple[Trajectory, str | None]:
         """Every phase in the agent's sandbox; the trial's clock starts here (a slot was free)."""
         self.started = time.monotonic()
-        self.deadline = self.started + self.rig.timeouts.trial_s
+        self.deadline = Deadline(self.started + self.rig.timeouts.trial_s)
         trajectory: Trajectory | None = None
         patch: str | None = None
         sandbox: Sandbox | None = None
@@ -196,7 +197,7 @@ class Trial:
         if problem:
             raise InvalidRequest(str(problem))
         overrides = sandbox_overrides(self.task, self.rig.bundle) if self.rig.bundle else {}
-        overrides["timeout_s"] = self._sandbox_ttl(self.deadline - time.monotonic())
+        overrides["timeout_s"] = self._sandbox_ttl(self.deadline.time_left_s())
         sandbox = await create_task_sandbox(self.rig.orch, self.task, labels=self.labels, **overrides)
         # What the SDK's sandboxes carry (AgentSandbox.startup); another SandboxFactory's may not.
         self.sandbox_startup = getattr(sandbox, "startup", None)
@@ -213,16 +214,17 @@ class Trial:
         """The agent's run, cut off at its deadline. Whatever happens the trajectory comes back: the
         harness's own, or (timeout, crash) the steps rebuilt from the gateway's records."""
         budget = self._agent_budget()
+        deadline = Deadline.after(budget)  # the agent's: the harness is told it, and cut off there
         model = ModelConfig(model=self.rig.model, base_url=self.rig.gateway.base_url,
                             api_key=SecretStr(self.rig.gateway.api_key), rollout_key=self.key,
-                            sampling=self.rig.sampling, deadline=time.time() + budget)
+                            sampling=self.rig.sampling, deadline=deadline)
         if self.rig.bundle:
             model = inside_model(model, self.rig.gateway)
         hooks = self._rollout_hooks()
         prepared = False
         record = self._open_phase("agent", budget)
         started = time.monotonic()
-        cutoff = asyncio.timeout(budget)
+        cutoff = asyncio.timeout(deadline.time_left_s())
         try:
             if hooks is not None:
                 try:
@@ -298,7 +300,7 @@ class Trial:
         # Waiting for a grading slot is the scheduler's doing: the trial's clock stops meanwhile.
         waited = time.monotonic()
         async with self.rig.grading_slots:
-            self.deadline += time.monotonic() - waited
+            self.deadline = self.deadline.later_by(time.monotonic() - waited)
             try:
                 outcome = await self._phase(
                     "verify", self.rig.timeouts.verify_s,
@@ -318,7 +320,7 @@ class Trial:
         if skip_if is not None and skip_if():
             self.phases.append(PhaseRecord(name=name, result="skipped"))
             return None  # type: ignore[return-value]
-        budget = max(0.0, min(limit, self.deadline - time.monotonic()))
+        budget = min(limit, self.deadline.time_left_s())
         record = self._open_phase(name, budget)
         cutoff = asyncio.timeout(budget)
         try:
@@ -359,11 +361,11 @@ class Trial:
 
     def _sandbox_ttl(self, needed_s: float) -> float:
         """The TTL of a sandbox needed for `needed_s` more (at most what is left of the trial), with a margin."""
-        return max(0.0, min(needed_s, self.deadline - time.monotonic())) + SANDBOX_TTL_MARGIN_S
+        return max(0.0, min(needed_s, self.deadline.time_left_s())) + SANDBOX_TTL_MARGIN_S
 
     def _agent_budget(self) -> float:
         """The agent's limit, leaving the trial time to take and grade the patch when it can."""
-        left = self.deadline - time.monotonic()
+        left = self.deadline.time_left_s()
         reserve = self.rig.timeouts.patch_s + self.rig.timeouts.verify_s
         budget = left - reserve if left - reserve > 0 else left
         return max(0.0, min(self.rig.timeouts.agent_s, budget))

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 import subprocess
-import time
 from typing import Any
 
 from minisweagent.exceptions import Submitted
 from minisweagent.utils.serialize import recursive_merge
 from pydantic import BaseModel, ConfigDict
 
+from orchard.core.deadline import Deadline
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import Sandbox
 from orchard.harnesses.mini_swe_agent.bridge import LoopBridge
@@ -46,9 +46,9 @@ class OrchardEnvironmentConfig(BaseModel):
 
 class OrchardSandboxEnvironment:
     def __init__(self, *, sandbox: Sandbox, bridge: LoopBridge, system_info: dict[str, str],
-                 config_class: type = OrchardEnvironmentConfig, stop_at: float | None = None,
+                 config_class: type = OrchardEnvironmentConfig, stop_at: Deadline | None = None,
                  **kwargs: Any) -> None:
-        """`stop_at` (`time.time()`, None: never): no command runs past it, so a hanging command cannot carry
+        """`stop_at` (None: never): no command runs past it, so a hanging command cannot carry
         the run past the evaluator's deadline (the loop then stops on its wall-time limit)."""
         self.config = config_class(**kwargs)
         self.sandbox = sandbox
@@ -60,7 +60,7 @@ class OrchardSandboxEnvironment:
         command = action.get("command", "")
         timeout = timeout or self.config.timeout
         if self.stop_at is not None:
-            timeout = max(1, min(timeout, math.ceil(self.stop_at - time.time())))
+            timeout = max(1, min(timeout, math.ceil(self.stop_at.time_left_s())))
         try:
             result = self.bridge.call(self.sandbox.exec(
                 shell_argv(command, self.config.interpreter), cwd=cwd or self.config.cwd or None,

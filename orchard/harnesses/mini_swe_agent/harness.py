@@ -19,6 +19,7 @@ from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 from minisweagent.utils.serialize import recursive_merge
 from pydantic import ValidationError
 
+from orchard.core.deadline import Deadline
 from orchard.core.errors import InvalidRequest, OrchardError, describe_validation_errors
 from orchard.core.harness import ModelConfig, orchard_version
 from orchard.core.sandbox import Sandbox
@@ -126,10 +127,10 @@ class MiniSweAgentHarness:
         return trajectory
 
 
-def _stop_at(model: ModelConfig) -> float | None:
-    """When the agent stops (`time.time()`): the evaluator's deadline less its margin (deadline.py)."""
+def _stop_at(model: ModelConfig) -> Deadline | None:
+    """When the agent stops: the evaluator's deadline less its margin (deadline.py)."""
     time_left = model.time_left_s()
-    return None if time_left is None else time.time() + time_left - deadline_margin_s(time_left)
+    return None if model.deadline is None else model.deadline.earlier_by(deadline_margin_s(time_left or 0.0))
 
 
 def _within_deadline(agent_config: dict[str, Any], model: ModelConfig) -> dict[str, Any]:

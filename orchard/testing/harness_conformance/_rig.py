@@ -4,7 +4,6 @@ that is lost from the start, and the fixtures and class attributes every check s
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,11 +12,13 @@ from typing import Any, ClassVar
 
 import pytest
 
+from orchard.core.deadline import Deadline
 from orchard.core.harness import Harness, ModelConfig, get_harness, setup_harness
 from orchard.core.jsonl import read_jsonl
 from orchard.core.trajectory import Trajectory
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.results import TRAJECTORIES_FILE, EvalResults, TaskResult
+from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.runner import run_eval
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.policies.registry import get_policy, provider_model
@@ -111,7 +112,7 @@ class HarnessConformanceRig:
             results = loop.run(run_eval(
                 harness=cls.harness, model=MODEL, suite=conformance_suite(cls.image), out_dir=out,
                 gateway_config=gateway_config(), parallel=len(SCENARIOS), harness_options=dict(cls.harness_options),
-                task_timeout_s=cls.deadline_s, backend=cls.backend), RUN_TIMEOUT_S)
+                timeouts=TrialTimeouts(agent_s=cls.deadline_s), backend=cls.backend), RUN_TIMEOUT_S)
         by_task = {trajectory.task_id: trajectory
                    for trajectory in read_jsonl(out / TRAJECTORIES_FILE, Trajectory, allow_interrupted_tail=False)}
         return ConformanceRun(harness=get_harness(cls.harness, **cls.harness_options), results=results,
@@ -133,7 +134,7 @@ class HarnessConformanceRig:
             patch.setenv("ORCHARD_HOME", str(orchard_home))
             policy.prepare_rollout(key, task)
             model = ModelConfig(model=MODEL, base_url=gateway.base_url, api_key=gateway.api_key, rollout_key=key,
-                                timeout_s=30, deadline=time.time() + cls.deadline_s)
+                                timeout_s=30, deadline=Deadline.after(cls.deadline_s))
             visible = task.model_copy(update={"grader": None})
 
             async def attempt() -> Trajectory:
