@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from orchard.util.files import atomic_write_bytes
+from orchard.core.atomic_write import atomic_write_bytes
 
 METRICS_JSON, METRICS_CSV, LOSS_PLOT = "metrics.json", "metrics.csv", "loss.png"
 STEP_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "mean_token_accuracy", "num_tokens")
