@@ -1,4 +1,4 @@
-"""Measurement: the embedded SmolLM2-135M's generation speed (orchard/policies/smollm2.py: `generate` with
+"""Measurement: the embedded SmolLM2-135M's generation speed (orchard/policies/smollm2/: `generate` with
 kv_decode.py's prefix cache) beside transformers' own configurations on the same weights, in the same process,
 interleaved (bench/generation_peers.py: `generate` plain, with a static cache, with prompt lookup, in
 bfloat16, compiled). A hand-written engine (lean_llama.py) ran here until it was measured beside them: it
@@ -149,7 +149,7 @@ def _measure(ctx: BenchContext, model: Any, server: Any, first_call: float, load
                           "<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     paths = {OURS: (ours, model.speculate)}  # smollm2's engine as configured (ORCHARD_SMOLLM2_* settings)
     compile_note = ""
-    with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
+    with smollm2.torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
         hf = peers(model.model, bf16, compile_peer=not ctx.quick, max_cache_len=len(long_prompt) + new_tokens)
         for peer in list(hf):  # warm-up; the compiled peer compiles its decode step here
             started = time.perf_counter()

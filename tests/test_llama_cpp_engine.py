@@ -176,9 +176,9 @@ def test_logprobs_are_the_quantized_models_close_to_the_torch_models(server, tok
     """The server's logprob of each id it sampled against the float32 model's (the same GGUF dequantized) read
     teacher-forced: close, not equal (Q4_1 kernels, 8-bit activations). docs/models.md states the gap."""
     torch = pytest.importorskip("torch")
-    from orchard.policies.smollm2 import _load
+    from orchard.policies.smollm2.checkpoints import load_model
 
-    _, model = _load(transformers, torch, locate_gguf())
+    _, model = load_model(transformers, torch, locate_gguf())
     gaps = []
     for question in ("What is the capital of France?", "List three colours.", "Write a Python hello world."):
         prompt = chat_ids(tokenizer, question)

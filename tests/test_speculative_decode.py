@@ -104,7 +104,7 @@ def test_smollm2_speculation_changes_no_token():
     model = smollm2.get_model()
     for text in PLAIN_PROMPTS:
         prompt = model.prompt_ids([{"role": "user", "content": text}], None)
-        with smollm2._torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
+        with smollm2.torch_threads(torch, smollm2.generation_threads()), torch.inference_mode():
             plain = decode(model.model, prompt, max_new_tokens=48, eos_id=model.end_of_turn_id)
             fast = decode(model.model, prompt, max_new_tokens=48, eos_id=model.end_of_turn_id, speculate=8)
         assert fast.ids == plain.ids, text

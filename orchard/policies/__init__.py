@@ -4,7 +4,7 @@ entry-point group and found through registry.py; the built-in ones:
 
 - `oracle` (oracle.py): plays a task's reference patch through the harness's own tools, to check that a
   harness, its sandbox and the grader agree before a real model is spent on them.
-- `smollm2` (smollm2.py): SmolLM2-135M-Instruct, the embedded default model, run with transformers on CPU,
+- `smollm2` (smollm2/): SmolLM2-135M-Instruct, the embedded default model, run with transformers on CPU,
   with token ids and logprobs for every completion.
 
 Policies served at run time (live.py, e.g. the model being trained) are found beside them. Nothing heavy
