@@ -17,7 +17,11 @@ For a harness that runs a program of its own in the sandbox (it names a harness 
 files it lists in `extra["native_logs"]` are copied out before the sandbox goes (native_logs.py); a class
 that says `steps_from_gateway = True` gets its steps rebuilt from the gateway's records of its rollout
 (partial.py; the zero-code `cli` harness), and when such a harness fails right after its last model call
-failed, the rollout is a `model_error`; and a rollout that never called the model is an error."""
+failed, the rollout is a `model_error`; and a rollout that never called the model is an error.
+
+The phases are one class so that they read top to bottom in the order they run, with the bookkeeping
+they share (the deadline, the phase records, the checkpoint); that is why this file passes ~400 lines.
+How each phase's failure is classed is trial_status.py."""
 
 from __future__ import annotations
 
@@ -33,19 +37,10 @@ from typing import Awaitable, Callable, TypeVar
 from pydantic import SecretStr, ValidationError
 
 from orchard.core.deadline import Deadline
-from orchard.core.errors import (
-    BackendError,
-    InvalidRequest,
-    ModelError,
-    OrchardError,
-    SandboxLost,
-    SandboxNotFound,
-    exception_text,
-    first_problem,
-)
+from orchard.core.errors import InvalidRequest, ModelError, OrchardError, exception_text, first_problem
 from orchard.core.harness import Harness, ModelConfig, SamplingParams, setup_harness
 from orchard.core.policy import RolloutHooks
-from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord, is_agent_outcome
+from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord
 from orchard.core.sandbox import Sandbox, SandboxFactory, StartupTimings
 from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, LLMCall, Outcome, Trajectory
@@ -60,6 +55,8 @@ from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.step_links import link_steps_to_calls
 from orchard.eval.suites import LOAD_ERROR_KEY
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
+from orchard.eval.trial_status import (blame_a_failed_model_call, counts, environment_status, grader_status,
+                                      harness_setup_status, patch_status, settle_exit_status)
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +172,14 @@ class Trial:
         sandbox: Sandbox | None = None
         try:
             sandbox, base = await self._phase("environment", self.rig.timeouts.environment_s, self._environment,
-                                              on_error=_environment_status)
+                                              on_error=environment_status)
             self._cpu_before = await _cpu_seconds(sandbox)
             await self._phase("harness_setup", self.rig.timeouts.harness_setup_s,
                               lambda: setup_harness(self.rig.harness, self._visible_task(), sandbox),
-                              on_error=_harness_setup_status, skip_if=lambda: not hasattr(self.rig.harness, "setup"))
+                              on_error=harness_setup_status, skip_if=lambda: not hasattr(self.rig.harness, "setup"))
             trajectory = await self._agent(sandbox)
             await keep_native_logs(sandbox, trajectory, self.rig.out_dir, self.key)
-            if _counts(trajectory):
+            if counts(trajectory):
                 patch = await self._after_agent(sandbox, base, trajectory)
         except PhaseFailed as failure:
             assert failure.status is not None
@@ -241,7 +238,7 @@ class Trial:
                 calls = self.rig.gateway.gateway.calls(self.key)
                 trajectory.steps = trajectory_from_calls(calls, self._agent_record()).steps
                 trajectory.agent.tool_definitions = trajectory.agent.tool_definitions or offered_tools(calls)
-                _blame_a_failed_model_call(trajectory, calls)
+                blame_a_failed_model_call(trajectory, calls)
         except TimeoutError as exc:
             if not cutoff.expired():  # the harness's own timeout escaped it: a crash like any other
                 log.exception("harness %s crashed on task %s", self.rig.harness.name, self.task.id)
@@ -262,13 +259,13 @@ class Trial:
                 assert hooks is not None
                 _end_rollout_quietly(hooks, self.key)
             self.agent_wall_s = time.monotonic() - started
-        if self.rig.bundle and _counts(trajectory) and not self.rig.gateway.gateway.calls(self.key):
+        if self.rig.bundle and counts(trajectory) and not self.rig.gateway.gateway.calls(self.key):
             # A program of its own that never reached the model did not attempt the task (misconfigured, or
             # it failed before its first turn): an error, retried on resume, not a failed attempt.
             notes = f" ({trajectory.notes})" if trajectory.notes else ""
             trajectory.outcome = Outcome(error=f"the harness never called the model{notes}")
             trajectory.exit_status = "agent_error"
-        _settle_exit_status(trajectory)
+        settle_exit_status(trajectory)
         error = trajectory.outcome.error if trajectory.outcome else None
         self._close_phase(record, "ok" if error is None else ("timeout" if trajectory.exit_status == "timeout"
                                                                  else "error"), error)
@@ -283,14 +280,14 @@ class Trial:
             try:
                 patch = await self._phase("patch", self.rig.timeouts.patch_s,
                                           lambda: extract_patch(sandbox, self.task.environment.workdir, base),
-                                          on_error=_patch_status)
+                                          on_error=patch_status)
             except PhaseFailed as failure:
                 if failure.status is not None:
                     raise
                 trajectory.outcome = Outcome(resolved=False, reward=0.0, details={"patch_error": str(failure)})
         elif isinstance(grader, ScriptGrader):
             trajectory.outcome = await self._phase("verify", self.rig.timeouts.verify_s,
-                                                   lambda: grade_script(sandbox, self.task), on_error=_grader_status)
+                                                   lambda: grade_script(sandbox, self.task), on_error=grader_status)
         cpu_after = await _cpu_seconds(sandbox)
         if cpu_before is not None and cpu_after is not None:
             self.cpu_s = max(0.0, cpu_after - cpu_before)
@@ -306,7 +303,7 @@ class Trial:
                     "verify", self.rig.timeouts.verify_s,
                     lambda: grade_swe_patch(self.rig.orch, self.task, patch, labels=self.labels,
                                             sandbox_ttl_s=self._sandbox_ttl(self.rig.timeouts.verify_s)),
-                    on_error=_grader_status)
+                    on_error=grader_status)
             except PhaseFailed as failure:
                 return Outcome(error=f"grading: {failure}", details={"patch": patch})
         outcome.details["patch"] = patch
@@ -430,55 +427,6 @@ class Trial:
                 **kept, "agent": rebuilt.agent.model_dump(), "steps": [step.model_dump() for step in rebuilt.steps],
                 "exit_status": "agent_error", "partial": True, "notes": error,
                 "outcome": Outcome(error=error).model_dump(), "extra": {"invalid_trajectory": str(exc)[:4000]}})
-
-
-# --- how a failure is classed, phase by phase ---------------------------------------------------------
-
-def _environment_status(exc: BaseException) -> ExitStatus:
-    if isinstance(exc, (InvalidRequest, TimeoutError)):
-        return "environment_error"  # the task's environment is broken (or its setup hangs)
-    return "sandbox_error"
-
-
-def _harness_setup_status(exc: BaseException) -> ExitStatus:
-    return "sandbox_error" if isinstance(exc, (SandboxLost, SandboxNotFound, BackendError)) else "harness_error"
-
-
-def _patch_status(exc: BaseException) -> ExitStatus | None:
-    # None: the agent broke the repository or made a diff too large (or too slow) to take — its failed
-    # attempt. A sandbox that fails meanwhile is an error.
-    return None if isinstance(exc, (InvalidRequest, TimeoutError)) else "sandbox_error"
-
-
-def _grader_status(exc: BaseException) -> ExitStatus:
-    return "grader_error"
-
-
-def _settle_exit_status(trajectory: Trajectory) -> None:
-    """Make exit_status and outcome agree: an error outcome has an error status and vice versa."""
-    error = trajectory.outcome.error if trajectory.outcome else None
-    status = trajectory.exit_status
-    if error is not None and (status is None or is_agent_outcome(status)):
-        trajectory.exit_status = "agent_error"
-    elif error is None and status is not None and not is_agent_outcome(status):
-        trajectory.outcome = Outcome(error=f"{status}: the harness ended with this status")
-    elif error is None and status is None:
-        trajectory.exit_status = "stopped"
-
-
-def _blame_a_failed_model_call(trajectory: Trajectory, calls: list[LLMCall]) -> None:
-    """A harness known only by its gateway records that failed right after its last model call failed: the
-    model's error (`model_error`), what the harness said kept after it."""
-    error = trajectory.outcome.error if trajectory.outcome else None
-    if error is None or not calls or calls[-1].error is None or trajectory.exit_status == "timeout":
-        return
-    trajectory.exit_status = "model_error"
-    trajectory.outcome = Outcome(error=f"the model call failed: {calls[-1].error}; {error}")
-    trajectory.notes = trajectory.outcome.error
-
-
-def _counts(trajectory: Trajectory) -> bool:
-    return trajectory.outcome is None or trajectory.outcome.error is None
 
 
 async def _cpu_seconds(sandbox: Sandbox) -> float | None:

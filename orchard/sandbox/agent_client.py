@@ -3,7 +3,10 @@
 One keep-alive `httpx.AsyncClient` per sandbox. The hot path (`exec`) serializes a plain dict itself, sends
 to a pre-built URL with pre-built headers and parses the reply straight into `ExecResult`, so a call costs
 little more than the HTTP round trip. A connect error is retried (nothing was sent yet); anything that fails
-after a request went out is never retried, because commands and writes have side effects."""
+after a request went out is never retried, because commands and writes have side effects.
+
+`AgentSandbox` is the whole Sandbox protocol (exec, streams, files, tar transfers, shell sessions) on one
+client, each call's error mapping beside its request; that is why this file passes ~400 lines."""
 
 from __future__ import annotations
 

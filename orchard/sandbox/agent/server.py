@@ -1,6 +1,8 @@
 """The agent's HTTP/1.1 server: a threaded `socketserver` server on a Unix socket or TCP, keep-alive
 connections, bearer-token auth, routing to the endpoint handlers, and JSON error bodies for every failure.
-Request heads are read by http1.py; bodies and responses are wire.py's."""
+Request heads are read by http1.py; bodies and responses are wire.py's. The handler and the three ways the
+agent listens (TCP, a Unix socket, a socket its launcher bound) share one server base here, a little over
+~400 lines: the agent is standard library only, and this is all of its serving."""
 
 from __future__ import annotations
 

@@ -26,7 +26,10 @@ Python without os.pidfd_open), the agent moves itself into `workload` before it 
 workload's: the limits hold exactly as before the split, and /health says `"workload_cgroup": "shared"`.
 (If the agent itself cannot be moved, it refuses to serve.) Without the descriptors (no cgroups, not root)
 it says `"none"`. A spawner that cannot be started or moved later fails that command (500, saying why, no
-command runs outside `workload`); the next command tries again."""
+command runs outside `workload`); the next command tries again.
+
+The agent's whole side of the spawner (starting, replacing and asking it, and `WorkloadPopen`, the Popen
+its commands are) is this one file, a little over ~400 lines; the spawner's own side is forkserver.py."""
 
 from __future__ import annotations
 
