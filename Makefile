@@ -83,7 +83,7 @@ k8s-down:
 	bash scripts/k8s/cluster.sh down
 
 k8s-agent-image: $(STAMP)
-	$(BIN)/python -m orchard.sandbox.backends.k8s_images --import-with scripts/k8s/cluster.sh
+	$(BIN)/python -m orchard.sandbox.backends.kubernetes.images --import-with scripts/k8s/cluster.sh
 
 k8s-harness-images: $(STAMP)
 	$(BIN)/python -m orchard.sandbox.harness_bundles.k8s_image --import-with scripts/k8s/cluster.sh

@@ -21,7 +21,7 @@ from bench.peers.floor import floor_server
 from bench.results_model import Findings, Row, Target, ratio
 from bench.stats import LatencyStats
 from orchard.core.sandbox import STARTUP_STAGES, StartupTimings
-from orchard.sandbox.backends import local_netns
+from orchard.sandbox.backends.local import netns as local_netns
 
 CREATE_P50_MS = 60.0
 VS_BWRAP_MAX = 3.0  # issue 13: cold create→ready within 3× bubblewrap alone
@@ -78,7 +78,7 @@ def _stages_note(creates: list[tuple[float, StartupTimings]]) -> str:
 
 def run(ctx: BenchContext) -> Findings:
     count, warmup = ctx.pick(30, 5), ctx.pick(3, 1)
-    # Root with ip/nft/nsenter only (local_netns.py); interleaved with the plain creates, so that both
+    # Root with ip/nft/nsenter only (local/netns.py); interleaved with the plain creates, so that both
     # see the same machine.
     with_allowlist = local_netns.unavailable_reason() is None
     creates: list[float] = []

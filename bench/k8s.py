@@ -40,7 +40,7 @@ def _skipped(reason: str) -> Findings:
 
 def run(ctx: BenchContext) -> Findings:
     try:
-        from orchard.sandbox.backends.k8s_client import probe_cluster
+        from orchard.sandbox.backends.kubernetes.client import probe_cluster
     except ImportError as e:
         return _skipped(f"the kubernetes client is not installed ({e})")
     kubeconfig = _kubeconfig()
@@ -49,7 +49,7 @@ def run(ctx: BenchContext) -> Findings:
         return _skipped(f"no Kubernetes cluster ({reason})")
     agent_image = os.environ.get("ORCHARD_K8S_AGENT_IMAGE")
     if not agent_image:
-        from orchard.sandbox.backends.k8s_images import import_injector_image
+        from orchard.sandbox.backends.kubernetes.images import import_injector_image
         agent_image = import_injector_image(CLUSTER_SCRIPT)
     return asyncio.run(_measure(ctx, kubeconfig, agent_image))
 

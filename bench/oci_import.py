@@ -37,7 +37,7 @@ def _layers(work: Path, trees: tuple[tuple[str, ...], ...]) -> list[bytes]:
 
 
 def run(ctx: BenchContext) -> Findings:
-    from orchard.sandbox.backends.bwrap import image_ids
+    from orchard.sandbox.backends.local.bwrap import image_ids
     from orchard.sandbox.images import ImageStore
     from orchard.testing.oci_layout import write_oci_layout
 

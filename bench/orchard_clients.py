@@ -11,7 +11,7 @@ from typing import AsyncIterator, Iterator
 
 from bench.memory import PeakGrowth
 from bench.processes import read_status_kib
-from orchard.sandbox.backends.local_state import children_of, read_record
+from orchard.sandbox.backends.local.state import children_of, read_record
 from orchard.sandbox.backends.registry import backend_config
 from orchard.sandbox.client import AsyncOrchard, Orchard
 

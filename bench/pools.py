@@ -156,7 +156,7 @@ def _tree_pss_mb(root: int) -> float:
 def _kubernetes(ctx: BenchContext) -> Findings:
     from bench.k8s import CLUSTER_SCRIPT, _kubeconfig
     try:
-        from orchard.sandbox.backends.k8s_client import probe_cluster
+        from orchard.sandbox.backends.kubernetes.client import probe_cluster
     except ImportError as e:
         return Findings(rows=[], notes=[f"Kubernetes part skipped: the kubernetes client is not installed ({e})."])
     kubeconfig = _kubeconfig()
@@ -166,7 +166,7 @@ def _kubernetes(ctx: BenchContext) -> Findings:
                                         "(`make k8s-up`) and run `python -m bench.run --only pools`."])
     agent_image = os.environ.get("ORCHARD_K8S_AGENT_IMAGE")
     if not agent_image:
-        from orchard.sandbox.backends.k8s_images import import_injector_image
+        from orchard.sandbox.backends.kubernetes.images import import_injector_image
         agent_image = import_injector_image(CLUSTER_SCRIPT)
     return asyncio.run(_k8s(ctx, kubeconfig, agent_image))
 

@@ -254,10 +254,10 @@ def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
     """What of the sandboxes `ids` (and any sandbox carrying `mark`) is left under `home`'s local backend:
     processes (by the mark in their environment, or by living in one of the sandboxes' cgroups or a
     spare's), mounts of the home or the sandboxes' run dirs, cgroups named by the sandboxes' keys and the
-    backend's spares (local_spares.py: made ahead of creates, they must not outlive their orchestrator),
+    backend's spares (local/spares.py: made ahead of creates, they must not outlive their orchestrator),
     their directories, and store rows not `deleted`."""
-    from orchard.sandbox.backends import cgroups
-    from orchard.sandbox.backends.local_spares import SPARE_INFIX
+    from orchard.sandbox.backends.local import cgroups
+    from orchard.sandbox.backends.local.spares import SPARE_INFIX
     from orchard.sandbox.backends.registry import backend_config, create_backend
 
     backend = create_backend(backend_config("local", home))
@@ -297,7 +297,7 @@ def local_footprint(home: Path, mark: str, ids: set[str]) -> Footprint:
 
 def _groups_named(prefix: str) -> list[str]:
     """Sandbox groups (beneath an `orchard` group of this process's cgroups) whose name starts with `prefix`."""
-    from orchard.sandbox.backends import cgroups
+    from orchard.sandbox.backends.local import cgroups
 
     found = []
     for group, _, _ in cgroups.placements("probe"):
@@ -308,8 +308,8 @@ def _groups_named(prefix: str) -> list[str]:
 
 def local_network_leftovers(keys: set[str]) -> list[str]:
     """Network allowlist state of the sandboxes `keys` still on the host: their veth interfaces (alias: the
-    key) and their nftables chains (comment: the key). See orchard/sandbox/backends/local_netns.py."""
-    from orchard.sandbox.backends import local_netns
+    key) and their nftables chains (comment: the key). See orchard/sandbox/backends/local/netns.py."""
+    from orchard.sandbox.backends.local import netns as local_netns
 
     found = []
     sys_net = Path("/sys/class/net")
@@ -334,8 +334,8 @@ def k8s_footprint(kubeconfig: str, namespace: str, instance: str) -> Footprint:
     selector) in `namespace`."""
     from kubernetes import client
 
-    from orchard.sandbox.backends.k8s_client import load_api_client
-    from orchard.sandbox.backends.k8s_pods import instance_selector
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
+    from orchard.sandbox.backends.kubernetes.pods import instance_selector
 
     selector = instance_selector(instance)
     api = load_api_client(kubeconfig)
@@ -379,7 +379,7 @@ def kill_in_local_sandbox(home: Path, rng, what: str) -> str | None:
     """SIGKILL one part of a random running sandbox under `home`: its `agent`, its `init` (the pid
     namespace's init: everything in it dies) or bwrap's `monitor` (the sandbox itself lives on). Returns
     the sandbox's id, or None when no sandbox had that part running."""
-    from orchard.sandbox.backends.local_state import children_of, process_running, read_record
+    from orchard.sandbox.backends.local.state import children_of, process_running, read_record
 
     try:
         entries = [e.path for e in os.scandir(home / "sandboxes") if e.is_dir()]
@@ -412,8 +412,8 @@ def k8s_pod_names(kubeconfig: str, namespace: str, instance: str, *, running_onl
     not being deleted)."""
     from kubernetes import client
 
-    from orchard.sandbox.backends.k8s_client import load_api_client
-    from orchard.sandbox.backends.k8s_pods import instance_selector
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
+    from orchard.sandbox.backends.kubernetes.pods import instance_selector
 
     api = load_api_client(kubeconfig)
     try:
@@ -431,7 +431,7 @@ def delete_random_pod(kubeconfig: str, namespace: str, instance: str, rng) -> st
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
 
     names = k8s_pod_names(kubeconfig, namespace, instance, running_only=rng.random() < 0.5)
     names = names or k8s_pod_names(kubeconfig, namespace, instance)

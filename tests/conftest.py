@@ -67,7 +67,7 @@ def kubeconfig() -> str:
 @pytest.fixture(scope="session")
 def agent_image(kubeconfig) -> str:
     """Build and import the agent-injector image for the current bundle (once per session)."""
-    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.backends.kubernetes.images import import_injector_image
     return import_injector_image(CLUSTER_SCRIPT)
 
 

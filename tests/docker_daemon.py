@@ -17,7 +17,7 @@ TEST_IMAGE = os.environ.get("ORCHARD_DOCKER_TEST_IMAGE") or "localhost/orchard-d
 
 
 def base_url() -> str:
-    from orchard.sandbox.backends.docker_config import default_base_url
+    from orchard.sandbox.backends.docker.config import default_base_url
     return os.environ.get("DOCKER_HOST") or default_base_url(os.environ)
 
 

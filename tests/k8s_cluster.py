@@ -33,7 +33,7 @@ def delete_namespace(kubeconfig: str, namespace: str, *, missing_ok: bool = Fals
     their grace periods. `missing_ok`: a namespace never made (no test got as far as a sandbox) is fine."""
     from kubernetes import client
 
-    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
     api = load_api_client(kubeconfig)
     try:
         core = client.CoreV1Api(api)
@@ -49,7 +49,7 @@ def delete_namespace(kubeconfig: str, namespace: str, *, missing_ok: bool = Fals
 def require_cluster() -> str:
     """The kubeconfig to use; skips (or, with ORCHARD_K8S=1, fails) when no cluster answers."""
     try:
-        from orchard.sandbox.backends.k8s_client import probe_cluster
+        from orchard.sandbox.backends.kubernetes.client import probe_cluster
     except ImportError as e:
         reason = f"the kubernetes client is not installed ({e}); pip install -e '.[k8s]'"
     else:

@@ -15,8 +15,8 @@ import pytest
 from orchard.core.backend import BackendCapabilities, image_kind
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.k8s_config import KubernetesConfig
-from orchard.sandbox.backends.local_config import LocalConfig
+from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
+from orchard.sandbox.backends.local.config import LocalConfig
 from orchard.sandbox.backends.registry import (available_backends, backend_class, backend_config,
                                                create_backend, parse_backend_config)
 from orchard.sandbox.client import AsyncOrchard

@@ -219,8 +219,8 @@ async def test_chaos_on_kubernetes_leaves_nothing(tmp_path):
     Pod, Secret or NetworkPolicy of the run's backend instance is left, and no store row but deleted ones."""
     from kubernetes import client
 
-    from orchard.sandbox.backends.k8s_client import load_api_client
-    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
+    from orchard.sandbox.backends.kubernetes.images import import_injector_image
 
     kubeconfig = require_cluster()
     agent_image = import_injector_image(CLUSTER_SCRIPT)
@@ -267,9 +267,9 @@ async def test_chaos_on_kubernetes_leaves_nothing(tmp_path):
 
 async def test_the_orphan_check_sees_every_part_of_a_live_sandbox(tmp_path):
     """The footprint is not vacuous: a running sandbox shows in every host-side part it checks, and a
-    deleted one in none; the spare the backend makes after a create (local_spares.py, with the zygote)
+    deleted one in none; the spare the backend makes after a create (local/spares.py, with the zygote)
     shows while the orchestrator runs and is gone once it stops."""
-    from orchard.sandbox.backends.local_spares import SPARE_INFIX
+    from orchard.sandbox.backends.local.spares import SPARE_INFIX
     from orchard.sandbox.server.service import SandboxService
 
     def without_spares(found: Footprint) -> Footprint:

@@ -29,7 +29,7 @@ else:
     docker_sdk = pytest.importorskip("docker", reason="the docker SDK is not installed (pip install -e '.[docker]')")
 
 from orchard.sandbox.backends.docker import DockerBackend  # noqa: E402
-from orchard.sandbox.backends.docker_config import DockerConfig  # noqa: E402
+from orchard.sandbox.backends.docker.config import DockerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.backends.docker_config import DockerConfig
+from orchard.sandbox.backends.docker.config import DockerConfig
 from tests.docker_daemon import TEST_IMAGE, require_daemon
 from tests.test_model_network import CALL, CONNECT, MODEL, gateway  # noqa: F401 — the module's gateway fixture
 

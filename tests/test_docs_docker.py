@@ -40,7 +40,7 @@ def test_daemon_lines_name_subcommands_the_script_has():
 
 
 def test_daemon_env_exports_the_socket_the_backend_defaults_to(tmp_path):
-    from orchard.sandbox.backends.docker_config import daemon_script_socket
+    from orchard.sandbox.backends.docker.config import daemon_script_socket
     environ = {**os.environ, "ORCHARD_DOCKER_DIR": str(tmp_path / "docker")}
     out = subprocess.run(["bash", str(DAEMON_SCRIPT), "env"], capture_output=True, text=True, timeout=30,
                          env=environ).stdout

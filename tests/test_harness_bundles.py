@@ -237,7 +237,7 @@ async def test_the_docker_backend_mounts_the_bundle_read_only(short_tmp, bundle_
     base_url = require_daemon()
     from orchard.sandbox.agent_client import AgentSandbox
     from orchard.sandbox.backends.docker import DockerBackend
-    from orchard.sandbox.backends.docker_config import DockerConfig
+    from orchard.sandbox.backends.docker.config import DockerConfig
 
     backend = DockerBackend(DockerConfig(base_url=base_url, instance=f"t{secrets.token_hex(4)}", pull="never",
                                          run_dir=short_tmp / "run", bundle_cache_dir=bundle_home / "cache"))
@@ -303,7 +303,7 @@ async def test_kubernetes_copies_the_bundle_from_its_injector_image(bundle_home)
     an emptyDir mounted read-only in a busybox Pod (no Python, no libc); unknown names are refused before
     any object exists, a bundle whose image the cluster lacks fails the create by the image's name."""
     from orchard.sandbox.agent_client import AgentSandbox
-    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.backends.kubernetes.images import import_injector_image
     from orchard.sandbox.backends.kubernetes import KubernetesBackend
     from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
     from tests.k8s_cluster import CLUSTER_SCRIPT, delete_namespace, require_cluster

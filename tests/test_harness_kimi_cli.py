@@ -227,9 +227,9 @@ async def test_on_kubernetes_three_tasks_in_pods(home, tmp_path, monkeypatch, sc
 
     from orchard.core.task import ScriptGrader, Task, TaskEnvironment
     from orchard.core.task_suite import TaskSuite
-    from orchard.sandbox.backends.k8s_client import load_api_client
-    from orchard.sandbox.backends.k8s_config import KubernetesConfig
-    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
+    from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
+    from orchard.sandbox.backends.kubernetes.images import import_injector_image
     from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
     from orchard.sandbox.harness_bundles.store import read_built
     from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster

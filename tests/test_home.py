@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchard.core.home import resolve_home
 from orchard.policies.llama_cpp_runtime import runtime_dir
-from orchard.sandbox.backends.local import orchard_home
+from orchard.sandbox.backends.local.backend import orchard_home
 from orchard.sandbox.bundle import default_cache_dir
 from orchard.sandbox.server.home import resolve_home as server_home
 

@@ -41,7 +41,7 @@ def namespace(kubeconfig):
 def api(kubeconfig):
     from kubernetes import client
 
-    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
     api_client = load_api_client(kubeconfig)
     yield client.CoreV1Api(api_client), client.NetworkingV1Api(api_client), api_client
     api_client.close()

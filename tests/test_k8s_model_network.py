@@ -17,10 +17,10 @@ from pydantic import ValidationError
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import MODEL_GATEWAY_URL, NetworkPolicy, SandboxSpec
-from orchard.sandbox.backends.k8s_config import KubernetesConfig
-from orchard.sandbox.backends.k8s_egress import egress_ruleset
-from orchard.sandbox.backends.k8s_gateway import parse_model_gateway
-from orchard.sandbox.backends.k8s_netpol import sandbox_policy_manifest
+from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
+from orchard.sandbox.backends.kubernetes.egress import egress_ruleset
+from orchard.sandbox.backends.kubernetes.gateway import parse_model_gateway
+from orchard.sandbox.backends.kubernetes.netpol import sandbox_policy_manifest
 from tests.k8s_cluster import delete_namespace
 
 BASE_IMAGE = "localhost/orchard-base:local"
@@ -159,7 +159,7 @@ async def test_inside_a_pod_the_gateway_answers_for_its_rollout_and_nothing_else
 async def test_a_gateway_without_a_configured_one_is_refused_and_leaves_nothing(kubeconfig, agent_image, namespace):
     from kubernetes import client
 
-    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
     backend = _backend(kubeconfig, agent_image, namespace, None)
     sid = f"gw-{secrets.token_hex(5)}"
     try:

@@ -14,7 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from orchard.sandbox.backends.local_state import read_record
+from orchard.sandbox.backends.local.state import read_record
 from orchard.sandbox.client import AsyncOrchard
 
 OWNER = textwrap.dedent("""

@@ -1,4 +1,4 @@
-"""Network `allowlist` on the local backend (local_netns.py), on real sandboxes: what an allowlist lets a
+"""Network `allowlist` on the local backend (local/netns.py), on real sandboxes: what an allowlist lets a
 sandbox reach and what it does not (other ports, the internet, the host's own addresses and loopback,
 other sandboxes), host names and IPv6 refused, and nothing left behind — after a delete, a create that
 failed half way, and sandboxes that died while no orchestrator watched.
@@ -28,11 +28,11 @@ from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.backends import local as local_module
-from orchard.sandbox.backends import local_netns
+from orchard.sandbox.backends.local import backend as local_module
+from orchard.sandbox.backends.local import netns as local_netns
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.backends.local_config import local_capabilities
-from orchard.sandbox.backends.local_state import LocalHandle, process_running
+from orchard.sandbox.backends.local.config import local_capabilities
+from orchard.sandbox.backends.local.state import LocalHandle, process_running
 from tests.local_backend_rig import running
 
 pytestmark = pytest.mark.skipif(local_netns.unavailable_reason() is not None,

@@ -25,10 +25,10 @@ from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.core.backend import BackendSandbox
-from orchard.sandbox.backends.bwrap import find_bwrap
-from orchard.sandbox.backends.cgroups import placements
+from orchard.sandbox.backends.local.bwrap import find_bwrap
+from orchard.sandbox.backends.local.cgroups import placements
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.backends.local_state import (LocalHandle, children_of, process_running,
+from orchard.sandbox.backends.local.state import (LocalHandle, children_of, process_running,
                                                   process_start_time)
 from tests import local_backend_rig as rig
 
@@ -282,7 +282,7 @@ async def test_without_cgroups_only_limits_that_hold_are_accepted(backend, monke
         with pytest.raises(InvalidRequest, match=named):
             await backend.create(f"norlimit{secrets.token_hex(3)}", spec, "tok")
     assert await backend.list_live() == []
-    monkeypatch.setattr("orchard.sandbox.backends.local_limits.os.geteuid", lambda: 1000)
+    monkeypatch.setattr("orchard.sandbox.backends.local.limits.os.geteuid", lambda: 1000)
     async with running(backend, SandboxSpec(max_processes=300)) as (sb, agent):
         assert sb.handle["cgroups"] == []
         limits = (await agent.exec("cat /proc/self/limits")).stdout

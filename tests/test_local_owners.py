@@ -14,7 +14,7 @@ import pytest
 from orchard.core.backend import BackendSandbox
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.backends import cgroups, local_netns
+from orchard.sandbox.backends.local import cgroups, netns as local_netns
 from orchard.sandbox.backends.local import LocalBackend
 from tests.local_backend_rig import local_backend
 from tests.test_local_allowlist import host_address, leftovers, reaches, tcp_server

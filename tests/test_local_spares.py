@@ -1,4 +1,4 @@
-"""Spares of the local backend (root, with the agent zygote, on cgroup v1: local_spares.py): a create that
+"""Spares of the local backend (root, with the agent zygote, on cgroup v1: local/spares.py): a create that
 takes one starts its sandbox from processes that were in its cgroups before it began, under its own key
 and with its spec's limits; a create that fails on one, a closed backend and a killed one leave nothing.
 
@@ -19,10 +19,10 @@ import pytest
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends import cgroups
+from orchard.sandbox.backends.local import cgroups
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.backends.local_spares import SPARE_INFIX
-from orchard.sandbox.backends.local_state import process_running, process_start_time
+from orchard.sandbox.backends.local.spares import SPARE_INFIX
+from orchard.sandbox.backends.local.state import process_running, process_start_time
 from tests.local_backend_rig import running, shut_down
 
 

@@ -17,13 +17,13 @@ import pytest
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.backends import local as local_module
-from orchard.sandbox.backends import local_zygote
-from orchard.sandbox.backends.bwrap import agent_env
+from orchard.sandbox.backends.local import backend as local_module
+from orchard.sandbox.backends.local import zygote as local_zygote
+from orchard.sandbox.backends.local.bwrap import agent_env
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.backends.local_state import process_running
-from orchard.sandbox.backends.local_config import ZYGOTE_ENV
-from orchard.sandbox.backends.local_zygote import ENV_AREA_NAME, zygote_wanted
+from orchard.sandbox.backends.local.state import process_running
+from orchard.sandbox.backends.local.config import ZYGOTE_ENV
+from orchard.sandbox.backends.local.zygote import ENV_AREA_NAME, zygote_wanted
 from tests import local_backend_rig as rig
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the zygote is used by root only")
@@ -57,7 +57,7 @@ async def running(backend: LocalBackend, spec: SandboxSpec | None = None):
 
 def agent_fds(sb) -> list[str]:
     """What the agent's descriptors are, seen from the host: kinds (socket, pipe) and file names."""
-    from orchard.sandbox.backends.local_state import children_of
+    from orchard.sandbox.backends.local.state import children_of
 
     pid = sb.handle.get("agent_pid") or children_of(sb.handle["init_pid"])[0]
     kinds = []

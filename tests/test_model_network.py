@@ -20,7 +20,7 @@ from orchard.eval.local_gateway import LocalGateway
 from orchard.gateway.config import GatewayConfig, ModelRoute
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.backends.local_config import LocalConfig
+from orchard.sandbox.backends.local.config import LocalConfig
 from orchard.testing.scripted_model import create_scripted_app
 from orchard.testing.scripted_script import Script
 from orchard.util.uvicorn_thread import ServerThread
@@ -152,7 +152,7 @@ async def test_a_gateway_that_is_not_listening_is_a_clear_error_leaving_nothing(
 
 async def test_open_mode_with_the_gateway_is_routed_through_a_namespace_of_its_own(backend, gateway, remote):
     """`open` shares the host's network namespace, where the sandbox's own 127.0.0.1:4000 cannot exist: with
-    the gateway it is routed instead (local_netns.py, as an allowlist of every IPv4 address): the gateway
+    the gateway it is routed instead (local/netns.py, as an allowlist of every IPv4 address): the gateway
     answers inside, another machine is reached, and 127.0.0.1 is the sandbox's own."""
     from tests.test_local_allowlist import REMOTE_ADDRESS
 
@@ -171,7 +171,7 @@ async def test_open_mode_with_the_gateway_is_routed_through_a_namespace_of_its_o
 
 
 async def test_open_mode_with_the_gateway_is_refused_where_it_cannot_be_routed(backend, monkeypatch):
-    from orchard.sandbox.backends import local_netns
+    from orchard.sandbox.backends.local import netns as local_netns
 
     monkeypatch.setattr(local_netns, "unavailable_reason", lambda: "it needs root")
     with pytest.raises(InvalidRequest, match="routes the sandbox through a namespace of its own.*it needs root"):
@@ -234,7 +234,7 @@ def test_orchard_gateway_also_listens_on_a_unix_socket(tmp_path):
 async def test_the_gateway_beside_an_allowlist(backend, gateway):
     """The forwarder listens on the loopback of whatever namespace the sandbox has: with an allowlist's
     too, where the gateway is reachable besides the listed addresses (and the gateway's host port is not)."""
-    from orchard.sandbox.backends import local_netns
+    from orchard.sandbox.backends.local import netns as local_netns
 
     spec = SandboxSpec(network=NetworkPolicy(mode="allowlist", allow=["192.0.2.1:9"], gateway=True))
     token = secrets.token_hex(16)

@@ -20,7 +20,7 @@ import pytest
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.backends.bwrap import image_ids
+from orchard.sandbox.backends.local.bwrap import image_ids
 from orchard.sandbox.images import IdMap, ImageStore
 from orchard.testing.oci_layout import Entry, layer_tar, tar_of, write_docker_archive, write_oci_layout
 from tests.local_backend_rig import busybox_layer, local_backend, running
@@ -318,7 +318,7 @@ async def test_the_same_name_runs_on_kubernetes_after_a_cluster_import(tmp_path)
     from tests.k8s_cluster import CLUSTER_SCRIPT, POD_PIDS_LIMIT, require_cluster
 
     kubeconfig = require_cluster()
-    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.backends.kubernetes.images import import_injector_image
     from orchard.sandbox.backends.kubernetes import KubernetesBackend
 
     name = "localhost/orchard-oci-test:k8s"  # one name, imported over on each run: nothing piles up

@@ -27,7 +27,7 @@ from orchard.policies.oracle import OraclePolicy
 from typing import Literal
 
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.backends.local_config import LocalConfig
+from orchard.sandbox.backends.local.config import LocalConfig
 
 
 class MyHarness:

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.bwrap import (REMAP_BASE, SandboxPaths, bwrap_args, find_bwrap, id_map,
-                                            agent_env, remaps_ids)
-from orchard.sandbox.backends.local import MOUNT_RACE_ATTEMPTS, MOUNT_RACE_MESSAGES, LocalBackend
-from orchard.sandbox.backends.local_launch import HOST_ENV, writable_subdirs
+from orchard.sandbox.backends.local.bwrap import (REMAP_BASE, SandboxPaths, bwrap_args, find_bwrap, id_map,
+                                                  agent_env, remaps_ids)
+from orchard.sandbox.backends.local.backend import MOUNT_RACE_ATTEMPTS, MOUNT_RACE_MESSAGES, LocalBackend
+from orchard.sandbox.backends.local.launch import HOST_ENV, writable_subdirs
 from orchard.sandbox.bundle import AgentBundle
 
 
@@ -59,7 +59,7 @@ def _time_once(bundle: AgentBundle, spec: SandboxSpec) -> float:
     with tempfile.TemporaryDirectory(prefix="orchard-bench-bwrap-") as tmp:
         paths = SandboxPaths(sandbox_dir=Path(tmp) / "sandbox", run_dir=Path(tmp) / "run")
         paths.writable_dir.mkdir(parents=True)
-        plain, sticky = writable_subdirs(None)  # as the backend makes them (local.py)
+        plain, sticky = writable_subdirs(None)  # as the backend makes them (local/backend.py)
         for sub in plain + sticky:
             (paths.writable_dir / sub).mkdir()
             if sub in sticky:

@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends import cgroups
+from orchard.sandbox.backends.local import cgroups
 
 
 def time_cgroup_move(pause_s: float = 0.1) -> float | None:

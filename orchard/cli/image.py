@@ -38,7 +38,7 @@ def import_command(
     """Unpack the image into the store (once per digest) and name it; then run it as image 'oci:NAME'."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    from orchard.sandbox.backends.bwrap import image_ids
+    from orchard.sandbox.backends.local.bwrap import image_ids
 
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), transient=True,

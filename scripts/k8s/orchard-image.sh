@@ -153,9 +153,9 @@ chmod 755 "$opt/bin/orchard"
 mkdir -p "$store"
 rm -f "$store/key" "$store/imported"
 oci_archive "$ORCHESTRATOR_IMAGE" "$root" "$orchestrator_archive" '["/opt/orchard/bin/orchard"]' '["serve"]'
-"$py" -m orchard.sandbox.backends.k8s_images --rootfs "$work/agent" >/dev/null
+"$py" -m orchard.sandbox.backends.kubernetes.images --rootfs "$work/agent" >/dev/null
 oci_archive "$AGENT_IMAGE" "$work/agent" "$agent_archive" \
-  "$("$py" -c 'import json; from orchard.sandbox.backends.k8s_pods import INJECTOR_COMMAND as c; print(json.dumps(c))')"
+  "$("$py" -c 'import json; from orchard.sandbox.backends.kubernetes.pods import INJECTOR_COMMAND as c; print(json.dumps(c))')"
 echo "$key" >"$store/key"
 echo "built $ORCHESTRATOR_IMAGE ($(du -sh "$root" | cut -f1)) and $AGENT_IMAGE (key $key)"
 import_cached

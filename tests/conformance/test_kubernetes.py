@@ -18,7 +18,7 @@ pytestmark = pytest.mark.k8s
 @pytest.fixture(scope="module")
 def cluster():
     """(kubeconfig, agent image, namespace): the namespace and all in it are deleted afterwards."""
-    from orchard.sandbox.backends.k8s_images import import_injector_image
+    from orchard.sandbox.backends.kubernetes.images import import_injector_image
     kubeconfig = require_cluster()
     namespace = f"orchard-conformance-{secrets.token_hex(3)}"
     yield kubeconfig, import_injector_image(CLUSTER_SCRIPT), namespace

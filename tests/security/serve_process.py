@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 import httpx
 import pytest
 
-from orchard.sandbox.backends import cgroups
+from orchard.sandbox.backends.local import cgroups
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.registry import backend_config
 from orchard.sandbox.server.home import state_db_path

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from orchard.core.sandbox import SandboxInfo, SandboxSpec
-from orchard.sandbox.backends import cgroups
+from orchard.sandbox.backends.local import cgroups
 from orchard.sandbox.server.home import state_db_path
 from orchard.sandbox.server.models import SandboxRecord
 from orchard.sandbox.server.store import SandboxStore

@@ -27,7 +27,7 @@ import pytest
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec, reserved_env_reason
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.backends.bwrap import image_ids
+from orchard.sandbox.backends.local.bwrap import image_ids
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.bundle import AGENT_SOURCE_DIR, ensure_agent_bundle
 from orchard.sandbox.images import ImageStore

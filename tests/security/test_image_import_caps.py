@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchard.core.errors import InvalidRequest
-from orchard.sandbox.backends.bwrap import image_ids
+from orchard.sandbox.backends.local.bwrap import image_ids
 from orchard.sandbox.images import ImageStore
 from orchard.sandbox.images.blobs import DEFAULT_MAX_EXPANSION, EXPANSION_ALLOWANCE, MAX_EXPANSION_ENV
 from orchard.testing.oci_layout import Entry, layer_tar, write_oci_layout

@@ -1,6 +1,6 @@
 """Sandbox egress on Kubernetes holds without a policy-capable CNI: the dev cluster's `bridge` CNI
 enforces no NetworkPolicy, so everything here is the egress guard's doing (nftables rules that an init
-container installs in the Pod's network namespace; orchard/sandbox/backends/k8s_egress.py).
+container installs in the Pod's network namespace; orchard/sandbox/backends/kubernetes/egress.py).
 
 Only addresses of this cluster are contacted: Pod IPs, the node IP, the `kubernetes` Service IP and
 loopback. Each probe runs inside a sandbox with the agent's bundled Python and reports `connected` or the
@@ -63,7 +63,7 @@ print(json.dumps({"net_admin": bool(caps >> 12 & 1), "net_raw": bool(caps >> 13 
 def core(kubeconfig):
     from kubernetes import client
 
-    from orchard.sandbox.backends.k8s_client import load_api_client
+    from orchard.sandbox.backends.kubernetes.client import load_api_client
     api_client = load_api_client(kubeconfig)
     yield client.CoreV1Api(api_client)
     api_client.close()

@@ -14,7 +14,7 @@ import pytest
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends import cgroups
+from orchard.sandbox.backends.local import cgroups
 from tests.security.serve_process import (MARK, Serve, assert_refused, leftovers, local_backend, marked_pids,
                                           server_on_a_home_of_its_own, wait_for)
 

@@ -195,7 +195,7 @@ def host_status(pid: int) -> dict[str, str]:
 
 def init_host_pid(sb) -> int:
     """The workload's pid namespace init, as the host sees it: the agent's child named orchard-init."""
-    from orchard.sandbox.backends.local_state import children_of
+    from orchard.sandbox.backends.local.state import children_of
 
     inits = [pid for pid in children_of(agent_host_pid(sb))
              if Path(f"/proc/{pid}/comm").read_text().strip() == "orchard-init"]
@@ -301,7 +301,7 @@ async def test_when_the_workloads_init_dies_the_sandbox_is_lost(backend):
 async def test_without_cap_sys_admin_the_agent_serves_as_before(backend, monkeypatch):
     """Where the agent cannot make a pid namespace (no CAP_SYS_ADMIN, as in a container), it says why
     and serves as before, its commands in its own namespace; /health tells which case it is."""
-    from orchard.sandbox.backends import bwrap
+    from orchard.sandbox.backends.local import bwrap
 
     monkeypatch.setattr(bwrap, "AGENT_SETUP_CAPS", tuple(c for c in bwrap.AGENT_SETUP_CAPS if c != "CAP_SYS_ADMIN"))
     async with running(backend) as (sb, agent):
@@ -339,7 +339,7 @@ async def test_the_workload_cannot_make_the_oom_killer_pick_its_agent(backend):
 # ---- item 7 of the issue: the workload cannot take down its agent, nor can token-less clients ---------------
 
 def agent_host_pid(sb) -> int:
-    from orchard.sandbox.backends.local_state import children_of
+    from orchard.sandbox.backends.local.state import children_of
 
     if sb.handle.get("agent_pid"):  # forked by the zygote: not a child of the sandbox's init
         return sb.handle["agent_pid"]

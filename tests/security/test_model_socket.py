@@ -16,7 +16,7 @@ import pytest
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.eval.local_gateway import LocalGateway
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.sandbox.backends.bwrap import GATEWAY_SOCKET
+from orchard.sandbox.backends.local.bwrap import GATEWAY_SOCKET
 from orchard.testing.scripted_model import create_scripted_app
 from orchard.testing.scripted_script import Script
 from orchard.util.uvicorn_thread import ServerThread

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 
-from orchard.sandbox.backends import local_launch
+from orchard.sandbox.backends.local import launch as local_launch
 from tests.local_backend_rig import local_backend, running
 
 CAP_SYS_RESOURCE = 24

@@ -94,7 +94,7 @@ async def test_where_the_commands_cannot_start_apart_the_agent_shares_their_limi
     """Without a pid namespace of the workload's own (no CAP_SYS_ADMIN) there is no spawner: the agent
     moves itself into `workload` before serving, so the spec's limits still bind every command (and the
     agent, as before the split); /health says `shared`."""
-    from orchard.sandbox.backends import bwrap
+    from orchard.sandbox.backends.local import bwrap
 
     monkeypatch.setattr(bwrap, "AGENT_SETUP_CAPS", tuple(c for c in bwrap.AGENT_SETUP_CAPS if c != "CAP_SYS_ADMIN"))
     async with running(backend, SandboxSpec(memory_mb=96)) as (sb, agent):

@@ -1,7 +1,7 @@
 """The agent apart from its workload's memory and process limits: commands start in the sandbox's
 `workload` cgroup, the agent stays in `agent` (Linux; the local backend run as root).
 
-The backend makes the sandbox's cgroup with two leaves (backends/cgroups.py): `agent`, where the sandbox
+The backend makes the sandbox's cgroup with two leaves (backends/local/cgroups.py): `agent`, where the sandbox
 starts (the agent, its init), and `workload`, which has the spec's memory and process limits; and it
 hands the agent `--workload-cgroup-fds`, descriptors of the `workload` leaves' `cgroup.procs` files that
 it opened itself (as host root: the sandbox's cgroupfs is read-only and another uid's, so nothing inside

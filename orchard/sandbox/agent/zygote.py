@@ -23,7 +23,7 @@ sandbox's environment and working directory, no descriptor but its own; and runs
 with the module search path pointing at the bundle where the sandbox has it mounted (/.orchard).
 
 A child can also be forked ahead of its request (a park: `_start`), joining the cgroups of a spare made
-before its sandbox (the backend's local_spares.py) and then waiting for the request on a socket of its
+before its sandbox (the backend's local/spares.py) and then waiting for the request on a socket of its
 own, so that no cgroup move is left for the create.
 
 The zygote reads requests until the backend closes its end, then exits; it reaps its own children (a
@@ -166,7 +166,7 @@ def _reap():
 
 def _start(request: dict, fds: list, buffer: bytearray):
     """In the zygote's child: a request (`_enter`), or a park: the child joins the cgroups named now (a
-    spare's, made before its sandbox: the backend's local_spares.py), says `parked` on the socket that came
+    spare's, made before its sandbox: the backend's local/spares.py), says `parked` on the socket that came
     with it, and waits there for the request, so that no cgroup move is left for the create. Returns (to
     exit) when that socket closes first: the spare was discarded. The request is read into the zygote's
     `buffer` (copied on write: a new one would cost each parked child its megabyte)."""
@@ -336,8 +336,8 @@ def _become_agent(request: dict, fds: list) -> int:
 
 
 def _drop_to_setup_caps(keep: int):
-    """The capabilities bwrap leaves the agent (`keep`, a mask: bwrap.py AGENT_SETUP_CAPS), in every set
-    and the bounding set; none ambient; no_new_privs. Checked in /proc/self/status."""
+    """The capabilities bwrap leaves the agent (`keep`, a mask: AGENT_SETUP_CAPS of the local backend's
+    bwrap.py), in every set and the bounding set; none ambient; no_new_privs. Checked in /proc/self/status."""
     libc, _ctypes = identity._libc(("prctl", "capset"))
     ulong = identity.ulong_type()
 

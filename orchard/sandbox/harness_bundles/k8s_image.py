@@ -1,7 +1,7 @@
 """Harness bundles as Kubernetes injector images: a static busybox (for `cp`) plus the built bundle at
 /bundle, imported into the dev cluster's containerd without a registry (`cluster.sh import-image`, which
 also caches the archive, so every later `cluster.sh up` imports it again). The Kubernetes backend names the
-image after the bundle's spec (k8s_harness.py).
+image after the bundle's spec (kubernetes/harness.py).
 
     python -m orchard.sandbox.harness_bundles.k8s_image --import-with scripts/k8s/cluster.sh [NAME ...]
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from orchard.core.errors import BackendError, OrchardError
 from orchard.core.harness_bundle import bundle_spec_names, get_bundle_spec
-from orchard.sandbox.backends.k8s_harness import INJECTOR_BUNDLE_DIR, harness_image_name, injector_command
-from orchard.sandbox.backends.k8s_images import find_static_busybox
+from orchard.sandbox.backends.kubernetes.harness import INJECTOR_BUNDLE_DIR, harness_image_name, injector_command
+from orchard.sandbox.backends.kubernetes.images import find_static_busybox
 from orchard.sandbox.bundle import default_cache_dir
 from orchard.sandbox.harness_bundles.build import ensure_bundle
 from orchard.sandbox.harness_bundles.store import BuiltBundle, read_built

@@ -7,13 +7,13 @@ Per sandbox (all labelled `orchard.dev/sandbox=<id>`, `orchard.dev/instance=<ins
   the agent's /health answers. Annotations carry owner, deadline and creation time.
 - Secret `orchard-<id>-token`, mounted as the agent's token file;
 - NetworkPolicy `orchard-<id>-egress` for network "allowlist"/"open", and for "none" with the model
-  gateway (k8s_gateway.py: its address only; the namespace denies all egress);
+  gateway (gateway.py: its address only; the namespace denies all egress);
   for "none"/"allowlist" the Pod also enforces egress itself: its first init container (the egress
-  guard, k8s_egress.py) installs nftables rules in its network namespace, so no policy-capable CNI is
+  guard, egress.py) installs nftables rules in its network namespace, so no policy-capable CNI is
   needed.
 Secret and policy carry an ownerReference to the Pod, so they go with it even without us.
-Pod IPs and container states come from one shared watch (k8s_watch.py); the agent's own /health on the
-Pod IP decides when a sandbox is handed out (k8s_health.py). See docs/kubernetes.md."""
+Pod IPs and container states come from one shared watch (watch.py); the agent's own /health on the
+Pod IP decides when a sandbox is handed out (health.py). See docs/kubernetes.md."""
 
 from __future__ import annotations
 
@@ -28,15 +28,17 @@ import httpx
 
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec, StartupTimings
-from orchard.sandbox.backends import k8s_egress, k8s_netpol, k8s_pods
+import orchard.sandbox.backends.kubernetes.egress as egress
+import orchard.sandbox.backends.kubernetes.netpol as netpol
+import orchard.sandbox.backends.kubernetes.pods as pods
 from orchard.core.backend import BackendSandbox
-from orchard.sandbox.backends.k8s_config import DEFAULT_NAMESPACE, KubernetesConfig, check_pids, k8s_capabilities
-from orchard.sandbox.backends.k8s_client import ApiCalls, load_api_client
-from orchard.sandbox.backends.k8s_gateway import add_forwarder, parse_model_gateway
-from orchard.sandbox.backends.k8s_harness import add_harness_bundles
-from orchard.sandbox.backends.k8s_health import wait_agent_gone, wait_for_agent
-from orchard.sandbox.backends.k8s_images import injector_image_name
-from orchard.sandbox.backends.k8s_watch import PodWatcher, unschedulable_message
+from orchard.sandbox.backends.kubernetes.config import DEFAULT_NAMESPACE, KubernetesConfig, check_pids, k8s_capabilities
+from orchard.sandbox.backends.kubernetes.client import ApiCalls, load_api_client
+from orchard.sandbox.backends.kubernetes.gateway import add_forwarder, parse_model_gateway
+from orchard.sandbox.backends.kubernetes.harness import add_harness_bundles
+from orchard.sandbox.backends.kubernetes.health import wait_agent_gone, wait_for_agent
+from orchard.sandbox.backends.kubernetes.images import injector_image_name
+from orchard.sandbox.backends.kubernetes.watch import PodWatcher, unschedulable_message
 from orchard.sandbox.bundle import AgentBundle, BundleManifest, default_cache_dir, ensure_agent_bundle
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ class KubernetesBackend:
                  max_parallel: int = 16, health_timeout_s: float = 5.0,
                  agent_bundle_dir: Path | None = None, egress_guard: bool = True,
                  pod_pids_limit: int | None = None, model_gateway: str | None = None) -> None:
-        k8s_pods.validate_instance(instance)
+        pods.validate_instance(instance)
         try:
             self.gateway = parse_model_gateway(model_gateway)  # network.gateway's address (http://IP:PORT)
         except ValueError as exc:
@@ -82,7 +84,7 @@ class KubernetesBackend:
         self.egress_guard = egress_guard
         self.pod_pids_limit = pod_pids_limit
         self.capabilities = k8s_capabilities(pod_pids_limit, default_image, model_gateway=self.gateway is not None)
-        self.selector = k8s_pods.instance_selector(instance)
+        self.selector = pods.instance_selector(instance)
         self._executor = ThreadPoolExecutor(max_workers=max_parallel + 4, thread_name_prefix="orchard-k8s")
         self._burst = asyncio.Semaphore(max_parallel)
         self._setup_lock = asyncio.Lock()
@@ -110,7 +112,7 @@ class KubernetesBackend:
                 client = await self._call(load_api_client, self.kubeconfig)
                 api = ApiCalls(client, self.namespace)
                 await self._call(api.ensure_namespace)
-                await self._call(api.ensure_policy, k8s_netpol.deny_all_egress_manifest())
+                await self._call(api.ensure_policy, netpol.deny_all_egress_manifest())
                 self._bundle = await self._call(self._load_bundle)
                 self._watcher = PodWatcher(api.core, self.namespace, self.selector)
                 self._http = httpx.AsyncClient(timeout=self.health_timeout_s, trust_env=False)
@@ -130,9 +132,9 @@ class KubernetesBackend:
     # --- create ----------------------------------------------------------------------------------------
 
     async def create(self, sandbox_id: str, spec: SandboxSpec, token: str, *, owner: str = "") -> BackendSandbox:
-        k8s_pods.validate_sandbox_id(sandbox_id)
-        spec = k8s_pods.validate_image(spec, self.default_image)
-        k8s_netpol.validate_network(spec.network)
+        pods.validate_sandbox_id(sandbox_id)
+        spec = pods.validate_image(spec, self.default_image)
+        netpol.validate_network(spec.network)
         if spec.network.gateway and self.gateway is None:
             raise InvalidRequest("network.gateway (or mode 'model') asks for a model network without a gateway: "
                                  "this kubernetes backend has no model_gateway configured (orchard serve "
@@ -141,23 +143,23 @@ class KubernetesBackend:
         api = await self._setup()
         await self._call(api.check_fits_a_node, spec)
         assert self._watcher is not None and self._bundle is not None
-        name = k8s_pods.pod_name(sandbox_id)
+        name = pods.pod_name(sandbox_id)
         agent_image = self.agent_image or injector_image_name(self._bundle)
-        guard = (k8s_egress.guard_container(spec.network, agent_image, self.image_pull_policy, self.gateway)
+        guard = (egress.guard_container(spec.network, agent_image, self.image_pull_policy, self.gateway)
                  if self.egress_guard else None)
-        pod_manifest = k8s_pods.pod_manifest(
+        pod_manifest = pods.pod_manifest(
             sandbox_id, spec, instance=self.instance, owner=owner, bundle=self._bundle,
             agent_image=agent_image, image_pull_policy=self.image_pull_policy, egress_guard=guard)
         if spec.network.gateway:
             pod_manifest = add_forwarder(pod_manifest, self.gateway)
         pod_manifest = add_harness_bundles(pod_manifest, spec.bundles, self.image_pull_policy)
-        policy = k8s_netpol.sandbox_policy_manifest(sandbox_id, self.instance, spec.network, self.gateway)
+        policy = netpol.sandbox_policy_manifest(sandbox_id, self.instance, spec.network, self.gateway)
         started = self._watcher.wait_started(name)
         deadline = time.monotonic() + self.ready_timeout_s
         begun = time.monotonic()
         try:
             async with self._burst:
-                await self._call(api.create_secret, k8s_pods.secret_manifest(sandbox_id, self.instance, token))
+                await self._call(api.create_secret, pods.secret_manifest(sandbox_id, self.instance, token))
                 if policy is not None:
                     await self._call(api.create_policy, policy)
                 pod = await self._call(api.create_pod, pod_manifest)
@@ -167,7 +169,7 @@ class KubernetesBackend:
             except TimeoutError:
                 raise BackendError(f"pod {name} did not start its agent within {self.ready_timeout_s:g} s"
                                    f"{self._pending_reason(name)}") from None
-            agent_url = f"http://{pod.status.pod_ip}:{k8s_pods.AGENT_PORT}"
+            agent_url = f"http://{pod.status.pod_ip}:{pods.AGENT_PORT}"
             running = time.monotonic()
             # The sandbox is handed out when the agent answers us, not when the kubelet says Ready.
             await wait_for_agent(self._http, agent_url, name, lambda: self._watcher.get(name), deadline)
@@ -212,7 +214,7 @@ class KubernetesBackend:
 
     async def is_alive(self, sandbox: BackendSandbox) -> bool:
         api = await self._setup()
-        name = k8s_pods.pod_name(sandbox.id)
+        name = pods.pod_name(sandbox.id)
         assert self._watcher is not None
         if self._watcher.synced.is_set():
             pod = self._watcher.get(name)
@@ -224,23 +226,23 @@ class KubernetesBackend:
         """This instance's Pods, from their labels and annotations. Dead Pods (failed, evicted, past their
         deadline) and leftovers of crashed creates (a Secret or policy without its Pod) are removed."""
         api = await self._setup()
-        pods, secrets, policies = await asyncio.gather(
+        listed_pods, secrets, policies = await asyncio.gather(
             self._call(api.list_pods, self.selector), self._call(api.list_secrets, self.selector),
             self._call(api.list_policies, self.selector))
         live, dead, with_pod = [], [], set()
-        for pod in pods:
-            sandbox_id = (pod.metadata.labels or {}).get(k8s_pods.SANDBOX_LABEL)
+        for pod in listed_pods:
+            sandbox_id = (pod.metadata.labels or {}).get(pods.SANDBOX_LABEL)
             if not sandbox_id or pod.metadata.deletion_timestamp is not None:
                 continue
             with_pod.add(sandbox_id)
             if pod.status and pod.status.phase in ("Failed", "Succeeded"):
                 dead.append(sandbox_id)
                 continue
-            url = f"http://{pod.status.pod_ip}:{k8s_pods.AGENT_PORT}" if pod.status and pod.status.pod_ip else ""
+            url = f"http://{pod.status.pod_ip}:{pods.AGENT_PORT}" if pod.status and pod.status.pod_ip else ""
             live.append(BackendSandbox(id=sandbox_id, agent_url=url, handle=_handle(pod)))
         now = time.time()
         for obj in [*secrets, *policies]:
-            sandbox_id = (obj.metadata.labels or {}).get(k8s_pods.SANDBOX_LABEL)
+            sandbox_id = (obj.metadata.labels or {}).get(pods.SANDBOX_LABEL)
             created = obj.metadata.creation_timestamp
             if (sandbox_id and sandbox_id not in with_pod and created is not None
                     and now - created.timestamp() > STALE_LEFTOVER_S):
@@ -265,8 +267,8 @@ def _handle(pod) -> dict:
     annotations = pod.metadata.annotations or {}
     return {"pod": pod.metadata.name, "namespace": pod.metadata.namespace, "uid": pod.metadata.uid,
             "ip": pod.status.pod_ip if pod.status else None,
-            "owner": annotations.get(k8s_pods.OWNER_ANNOTATION, ""),
-            "deadline": float(annotations.get(k8s_pods.DEADLINE_ANNOTATION) or 0)}
+            "owner": annotations.get(pods.OWNER_ANNOTATION, ""),
+            "deadline": float(annotations.get(pods.DEADLINE_ANNOTATION) or 0)}
 
 
 def _pod_alive(pod, uid: str | None) -> bool:
@@ -278,6 +280,6 @@ def _pod_alive(pod, uid: str | None) -> bool:
     # Its agent answered before the sandbox was handed out; the kubelet may still report the container
     # as waiting (Pending) for up to a second after that (its 1 s relist): only a terminated one is dead.
     for cs in pod.status.container_statuses or []:
-        if cs.name == k8s_pods.SANDBOX_CONTAINER:
+        if cs.name == pods.SANDBOX_CONTAINER:
             return cs.state is None or cs.state.terminated is None
     return True

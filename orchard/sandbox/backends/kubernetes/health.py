@@ -15,7 +15,7 @@ from typing import Callable
 import httpx
 
 from orchard.core.errors import BackendError
-from orchard.sandbox.backends.k8s_watch import is_ready, pod_outcome
+from orchard.sandbox.backends.kubernetes.watch import is_ready, pod_outcome
 
 # The agent starts in ~0.1-0.3 s once its container runs (more when its CPU limit is tiny); refused
 # connections cost the kernel a RST, so start short and back off to a modest ceiling.

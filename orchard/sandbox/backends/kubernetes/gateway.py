@@ -1,8 +1,8 @@
 """The model gateway in Kubernetes sandboxes (`network.gateway`): the backend's `model_gateway` is the
 gateway's address as Pods reach it, `http://IP:PORT` (an address, since NetworkPolicy and the in-Pod egress
 guard select by address). A sandbox asking for it gets
-- an egress rule to exactly that IP and TCP port in its NetworkPolicy (k8s_netpol.py) and in its Pod's
-  egress guard (k8s_egress.py), beside whatever else its network mode allows;
+- an egress rule to exactly that IP and TCP port in its NetworkPolicy (netpol.py) and in its Pod's
+  egress guard (egress.py), beside whatever else its network mode allows;
 - the agent's forwarder (`--gateway tcp:IP:PORT`), so that inside, as on every backend, the gateway answers
   at 127.0.0.1:4000 and a harness's base URL does not depend on where it runs."""
 
@@ -12,7 +12,7 @@ import ipaddress
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from orchard.sandbox.backends.k8s_pods import SANDBOX_CONTAINER
+from orchard.sandbox.backends.kubernetes.pods import SANDBOX_CONTAINER
 
 
 class GatewayAddress(NamedTuple):

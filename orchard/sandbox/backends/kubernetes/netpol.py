@@ -8,16 +8,16 @@ policy of its own, selecting only its Pod by label:
 - "open": a single empty egress rule (everything).
 NetworkPolicy selects by address only, so host names are refused (InvalidRequest, by the entry parser every
 backend shares, net_allow.py). Only a policy-capable CNI (Calico, Cilium, ...) enforces these objects;
-"none" and "allowlist" are also enforced inside each Pod by the egress guard (k8s_egress.py), which needs
+"none" and "allowlist" are also enforced inside each Pod by the egress guard (egress.py), which needs
 no such CNI."""
 
 from __future__ import annotations
 
 from orchard.core.sandbox import NetworkPolicy
-from orchard.sandbox.backends.k8s_gateway import GatewayAddress, policy_rule
+from orchard.sandbox.backends.kubernetes.gateway import GatewayAddress, policy_rule
 from orchard.sandbox.backends.net_allow import parse_allow_entry
-from orchard.sandbox.backends.k8s_pods import (MANAGED_BY, MANAGED_BY_VALUE, SANDBOX_LABEL, policy_name,
-                                               sandbox_labels)
+from orchard.sandbox.backends.kubernetes.pods import (MANAGED_BY, MANAGED_BY_VALUE, SANDBOX_LABEL, policy_name,
+                                                      sandbox_labels)
 
 DENY_ALL_EGRESS = "orchard-deny-all-egress"
 
@@ -31,7 +31,7 @@ def deny_all_egress_manifest() -> dict:
 def sandbox_policy_manifest(sandbox_id: str, instance: str, network: NetworkPolicy,
                             gateway: GatewayAddress | None = None) -> dict | None:
     """The sandbox's own egress policy, or None for mode "none" (the namespace-wide deny applies) without
-    the model gateway. `gateway`: its address, allowed when the network asks for it (k8s_gateway.py)."""
+    the model gateway. `gateway`: its address, allowed when the network asks for it (gateway.py)."""
     with_gateway = [policy_rule(gateway)] if network.gateway and gateway is not None else []
     if network.mode == "none" and not with_gateway:
         return None

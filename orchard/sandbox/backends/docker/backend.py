@@ -8,7 +8,7 @@ and host directory as labels too: they are how `list_live` re-adopts it after a 
   through the bundled loader; the agent bundle bind-mounted read-only at /.orchard, the token as a
   read-only file, network `none` (loopback only) or the daemon's bridge (`open`); cpu, memory (no swap)
   and processes as cgroup limits;
-- a host directory (docker_dirs.py) where the agent's Unix socket appears: the orchestrator reaches the
+- a host directory (dirs.py) where the agent's Unix socket appears: the orchestrator reaches the
   agent through it whatever the network mode, so `none` really has no interface but loopback.
 Blocking Engine API calls run in a thread pool. See docs/docker.md."""
 
@@ -24,12 +24,12 @@ from pathlib import Path
 from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec, StartupTimings
-from orchard.sandbox.backends import docker_containers as spec_of
-from orchard.sandbox.backends.docker_config import DockerConfig, default_run_dir, docker_capabilities
-from orchard.sandbox.backends.docker_dirs import SandboxDir, ensure_private_dir, instance_key, sandbox_key
-from orchard.sandbox.backends.docker_engine import Engine
+import orchard.sandbox.backends.docker.containers as spec_of
+from orchard.sandbox.backends.docker.config import DockerConfig, default_run_dir, docker_capabilities
+from orchard.sandbox.backends.docker.dirs import SandboxDir, ensure_private_dir, instance_key, sandbox_key
+from orchard.sandbox.backends.docker.engine import Engine
 from orchard.sandbox.backends.gateway_socket import configured_socket, socket_for
-from orchard.sandbox.backends.local_launch import check_health
+from orchard.sandbox.backends.local.launch import check_health
 from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
 from orchard.sandbox.harness_bundles.store import require_built
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.bundle import AGENT_PACKAGE, DEFAULT_MOUNT_POINT, AgentBundle, agent_launcher
-from orchard.sandbox.backends import bwrap as bwrap_module
-from orchard.sandbox.backends.bwrap import SandboxPaths
-from orchard.sandbox.backends.local_config import ZYGOTE_ENV
-from orchard.sandbox.backends.local_launch import HOST_ENV
-from orchard.sandbox.backends.local_state import LocalHandle
+import orchard.sandbox.backends.local.bwrap as bwrap_module
+from orchard.sandbox.backends.local.bwrap import SandboxPaths
+from orchard.sandbox.backends.local.config import ZYGOTE_ENV
+from orchard.sandbox.backends.local.launch import HOST_ENV
+from orchard.sandbox.backends.local.state import LocalHandle
 
 # Capability numbers (linux/capability.h) of those bwrap may leave the agent (bwrap.py AGENT_SETUP_CAPS).
 CAPABILITIES = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SETPCAP": 8, "CAP_SYS_ADMIN": 21}
@@ -84,7 +84,7 @@ class Zygote:
         return self.process.poll() is None
 
     def park(self, cgroup_procs: list[str], timeout: float = PARK_TIMEOUT_S) -> socket.socket:
-        """Have the zygote fork a child that joins these groups now (a spare's, local_spares.py) and waits
+        """Have the zygote fork a child that joins these groups now (a spare's, spares.py) and waits
         for its request; returns the socket to send that request on (`begin(..., parked=)`); closing it
         unused ends the child. BackendError when the child could not join them or did not say so in time."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

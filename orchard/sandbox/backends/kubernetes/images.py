@@ -1,7 +1,7 @@
 """The agent-injector image: a static busybox (for `cp`) plus the agent bundle at /agent. Its init
 container copies the bundle into the Pod's emptyDir, from where the sandbox container (any image, with
 or without Python) runs the agent through the bundled loader. The same image carries the egress guard's
-tool at /egress (k8s_egress.py): Debian's `nft` with the libraries `ldd` names and the dynamic loader,
+tool at /egress (egress.py): Debian's `nft` with the libraries `ldd` names and the dynamic loader,
 and `/egress/apply`, a busybox script that runs it through that loader (no libc in the image).
 
 The image is named after the bundle key and its layout (`localhost/orchard-agent:<key>-egress1`), so a
@@ -10,8 +10,8 @@ and an import command (the dev cluster's `cluster.sh import-image`) turns it int
 containerd. For a real cluster, push the same root file system as a one-layer image to your registry and
 point the backend at it (`ORCHARD_K8S_AGENT_IMAGE`).
 
-    python -m orchard.sandbox.backends.k8s_images --rootfs DIR            # just the root file system
-    python -m orchard.sandbox.backends.k8s_images --import-with cluster.sh  # build + import, prints name
+    python -m orchard.sandbox.backends.kubernetes.images --rootfs DIR            # just the root file system
+    python -m orchard.sandbox.backends.kubernetes.images --import-with cluster.sh  # build + import, prints name
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 
 from orchard.core.errors import BackendError
-from orchard.sandbox.backends.k8s_egress import APPLY_SCRIPT, CHAIN, EGRESS_DIR, TABLE
-from orchard.sandbox.backends.k8s_pods import INJECTOR_BUNDLE_DIR, INJECTOR_COMMAND
+from orchard.sandbox.backends.kubernetes.egress import APPLY_SCRIPT, CHAIN, EGRESS_DIR, TABLE
+from orchard.sandbox.backends.kubernetes.pods import INJECTOR_BUNDLE_DIR, INJECTOR_COMMAND
 from orchard.sandbox.bundle import AgentBundle, copy_native_libraries, ensure_agent_bundle
 
 IMAGE_REPOSITORY = "localhost/orchard-agent"

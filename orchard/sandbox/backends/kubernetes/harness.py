@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from orchard.core.harness_bundle import HarnessBundleSpec, get_bundle_spec
 from orchard.core.sandbox import HARNESS_MOUNT_ROOT
-from orchard.sandbox.backends.k8s_pods import BUNDLE_VOLUME, SANDBOX_CONTAINER
+from orchard.sandbox.backends.kubernetes.pods import BUNDLE_VOLUME, SANDBOX_CONTAINER
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
 from orchard.sandbox.harness_bundles.store import bundle_key
 

@@ -35,11 +35,11 @@ from pathlib import Path
 
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends import cgroups
-from orchard.sandbox.backends.cgroups import CgroupSet
-from orchard.sandbox.backends.local_launch import HOST_ENV
-from orchard.sandbox.backends.local_procs import never_readable_fd
-from orchard.sandbox.backends.local_zygote import Zygote
+import orchard.sandbox.backends.local.cgroups as cgroups
+from orchard.sandbox.backends.local.cgroups import CgroupSet
+from orchard.sandbox.backends.local.launch import HOST_ENV
+from orchard.sandbox.backends.local.procs import never_readable_fd
+from orchard.sandbox.backends.local.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Spare:
     def launch(self, bwrap_args: list[str], command: list[str], limit_lines: list[str], log_file: Path,
                token: str, workload_env: bytes = b"") -> tuple[subprocess.Popen, int, int]:
         """Have the shell exec `command` (bwrap, arguments in `bwrap_args`), its stderr to `log_file`;
-        returns what `local_launch.spawn` does: (the process, bwrap's info pipe, the user namespace's
+        returns what `launch.spawn` does: (the process, bwrap's info pipe, the user namespace's
         pipe), which the caller owns from then on."""
         for fd, data in ((self.token_fd, token.encode()), (self.env_fd, workload_env),
                          (self.args_fd, b"".join(a.encode() + b"\x00" for a in bwrap_args))):

@@ -98,7 +98,7 @@ def pod_manifest(sandbox_id: str, spec: SandboxSpec, *, instance: str, owner: st
                  agent_image: str, image_pull_policy: str, egress_guard: dict | None = None,
                  now: float | None = None) -> dict:
     """The sandbox's Pod. The token reaches the agent only as a file from the Secret; the Pod spec names
-    the Secret, never its content. `egress_guard` (k8s_egress.guard_container) runs first of all and
+    the Secret, never its content. `egress_guard` (egress.guard_container) runs first of all and
     then the sandbox container lacks NET_ADMIN and NET_RAW, which could undo or bypass its rules."""
     now = time.time() if now is None else now
     mount = DEFAULT_MOUNT_POINT

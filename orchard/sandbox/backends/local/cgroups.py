@@ -5,7 +5,7 @@ Each sandbox gets one group per controller, `orchard/<name>` beneath the cgroup 
 is preferred; otherwise the controller is used from the cgroup2 hierarchy when it is enabled there. The
 sandbox is moved into its groups before it runs anything (see `procs_files`); `kill_and_remove` empties
 and removes them. When nothing is writable (not root, read-only cgroupfs, a v2 cgroup with processes of
-its own) `create_cgroups` returns None and the caller decides (local_limits.py) whether the spec's limits
+its own) `create_cgroups` returns None and the caller decides (limits.py) whether the spec's limits
 can be enforced otherwise. A limit the kernel refuses or does not keep as written (EINVAL for `cpu: 1e9`)
 is `InvalidRequest`, never a silent fallback.
 
@@ -187,7 +187,7 @@ def create_cgroups(name: str, spec: SandboxSpec, split: bool = False) -> CgroupS
 
 def set_limits(groups: CgroupSet, spec: SandboxSpec) -> None:
     """Write the spec's limits into groups made with none (by `create_cgroups`, or a spare's made ahead of
-    its sandbox, local_spares.py): the spec's own on the workload's leaves with a split, the memory of both
+    its sandbox, spares.py): the spec's own on the workload's leaves with a split, the memory of both
     leaves on the sandbox's group. InvalidRequest when the kernel refuses one or keeps another value;
     OSError when the groups cannot be written at all."""
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.bwrap import GATEWAY_SOCKET
+from orchard.sandbox.backends.local.bwrap import GATEWAY_SOCKET
 from orchard.sandbox.backends.gateway_socket import configured_socket, socket_for
 
 

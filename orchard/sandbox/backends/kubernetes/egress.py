@@ -4,7 +4,7 @@ policy-capable one: a plain `bridge` CNI stores the objects and enforces nothing
 For network "none" and "allowlist" the Pod's first init container, the egress guard, installs an nftables
 table in the Pod's network namespace, the one every container of the Pod shares, before the agent
 injector and the workload start. It runs the agent-injector image (its `/egress/apply` wraps an `nft`
-with its own libraries and loader, see k8s_images.py) with every capability dropped except NET_ADMIN,
+with its own libraries and loader, see images.py) with every capability dropped except NET_ADMIN,
 which no later container has: the sandbox container drops NET_ADMIN and NET_RAW (a raw AF_PACKET socket
 would send frames past netfilter). The table's only chain hooks `output` with policy drop and accepts:
 - loopback (the sandbox's own services, its own Pod IP);
@@ -12,7 +12,7 @@ would send frames past netfilter). The table's only chain hooks `output` with po
   ingress is not filtered, and a reply is the only packet an incoming connection needs from the Pod;
 - IPv6 neighbour discovery on the link (hop limit 255), without which no IPv6 peer could reach it;
 - for "allowlist", each entry's addresses (and its port, TCP and UDP, when it names one);
-- with `network.gateway`, the model gateway's address and TCP port (k8s_gateway.py).
+- with `network.gateway`, the model gateway's address and TCP port (gateway.py).
 Everything else the Pod sends is refused by the Pod's own kernel: a TCP connect() fails at once with
 EHOSTUNREACH (an ICMP "administratively prohibited" delivered locally), a UDP send with EPERM.
 "open" gets no guard. Host names stay refused by `net_allow.parse_allow_entry`, here as everywhere."""
@@ -20,9 +20,9 @@ EHOSTUNREACH (an ICMP "administratively prohibited" delivered locally), a UDP se
 from __future__ import annotations
 
 from orchard.core.sandbox import NetworkPolicy
-from orchard.sandbox.backends.k8s_gateway import GatewayAddress, guard_rule
+from orchard.sandbox.backends.kubernetes.gateway import GatewayAddress, guard_rule
 from orchard.sandbox.backends.net_allow import parse_allow_entry
-from orchard.sandbox.backends.k8s_pods import AGENT_PORT
+from orchard.sandbox.backends.kubernetes.pods import AGENT_PORT
 
 GUARD_CONTAINER = "egress-guard"
 # Inside the agent-injector image: the nft binary, its libraries and loader, and the script running it.

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchard.sandbox.backends.local_state import process_running
+from orchard.sandbox.backends.local.state import process_running
 
 
 def file_age(path: Path) -> float:

@@ -16,7 +16,7 @@ from kubernetes.utils import parse_quantity
 
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends import k8s_pods
+import orchard.sandbox.backends.kubernetes.pods as pods
 
 NODE_CACHE_S = 60.0
 POOL_SIZE = 32  # urllib3 connections to the API server: bursts of creates share them
@@ -146,18 +146,18 @@ class ApiCalls:
 
     def adopt_by_pod(self, sandbox_id: str, pod, has_policy: bool) -> None:
         """Owner references to the Pod: the garbage collector removes the Secret and policy with it."""
-        patch = {"metadata": {"ownerReferences": [k8s_pods.owner_reference(pod)]}}
+        patch = {"metadata": {"ownerReferences": [pods.owner_reference(pod)]}}
         with api_errors("link the sandbox's Secret to its Pod", self.namespace):
-            self.core.patch_namespaced_secret(k8s_pods.secret_name(sandbox_id), self.namespace, patch)
+            self.core.patch_namespaced_secret(pods.secret_name(sandbox_id), self.namespace, patch)
             if has_policy:
-                self.net.patch_namespaced_network_policy(k8s_pods.policy_name(sandbox_id), self.namespace,
+                self.net.patch_namespaced_network_policy(pods.policy_name(sandbox_id), self.namespace,
                                                          patch)
 
     def delete_sandbox_objects(self, sandbox_id: str) -> None:
         now = client.V1DeleteOptions(grace_period_seconds=0, propagation_policy="Background")
-        calls = [(self.core.delete_namespaced_pod, k8s_pods.pod_name(sandbox_id)),
-                 (self.core.delete_namespaced_secret, k8s_pods.secret_name(sandbox_id)),
-                 (self.net.delete_namespaced_network_policy, k8s_pods.policy_name(sandbox_id))]
+        calls = [(self.core.delete_namespaced_pod, pods.pod_name(sandbox_id)),
+                 (self.core.delete_namespaced_secret, pods.secret_name(sandbox_id)),
+                 (self.net.delete_namespaced_network_policy, pods.policy_name(sandbox_id))]
         for delete, name in calls:
             with api_errors(f"delete {name}", self.namespace):
                 try:

@@ -23,7 +23,7 @@ class LocalHandle(BaseModel):
     run_dir: str
     socket: str
     cgroups: list[str] = []
-    net_slot: int | None = None  # network allowlist: its veth pair and rules (local_netns.py)
+    net_slot: int | None = None  # network allowlist: its veth pair and rules (netns.py)
     agent_pid: int | None = None  # the agent, where the zygote forked it (not a child of the init then)
 
 

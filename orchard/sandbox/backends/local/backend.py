@@ -32,22 +32,23 @@ from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.home import resolve_home
 from orchard.core.sandbox import SandboxSpec, StartupTimings
-from orchard.sandbox.backends import cgroups, local_netns
-from orchard.sandbox.backends.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
-                                            agent_env, bwrap_args, encode_workload_env, find_bwrap, id_map,
-                                            remaps_ids, validate_disk, validate_image, validate_network,
-                                            with_image_env, workload_env)
-from orchard.sandbox.backends.local_config import AGENT_APART_ENV, LocalConfig, local_capabilities
-from orchard.sandbox.backends.local_gateway import agent_gateway_args, gateway_socket_for, model_gateway_socket
-from orchard.sandbox.backends.local_launch import (check_health, launch_argv, launch_command, limit_lines,
+import orchard.sandbox.backends.local.cgroups as cgroups
+import orchard.sandbox.backends.local.netns as netns
+from orchard.sandbox.backends.local.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
+                                                  agent_env, bwrap_args, encode_workload_env, find_bwrap, id_map,
+                                                  remaps_ids, validate_disk, validate_image, validate_network,
+                                                  with_image_env, workload_env)
+from orchard.sandbox.backends.local.config import AGENT_APART_ENV, LocalConfig, local_capabilities
+from orchard.sandbox.backends.local.gateway import agent_gateway_args, gateway_socket_for, model_gateway_socket
+from orchard.sandbox.backends.local.launch import (check_health, launch_argv, launch_command, limit_lines,
                                                    protect_workload_init, read_info, release_userns, spawn,
                                                    wait_ready_line, writable_subdirs)
-from orchard.sandbox.backends.local_limits import check_cpu_floor, require_enforceable
-from orchard.sandbox.backends.local_procs import (file_age, fds_named_in, kill, never_readable_fd, rmtree, tail,
+from orchard.sandbox.backends.local.limits import check_cpu_floor, require_enforceable
+from orchard.sandbox.backends.local.procs import (file_age, fds_named_in, kill, never_readable_fd, rmtree, tail,
                                                   wait_gone)
-from orchard.sandbox.backends.local_spares import Spare, SpareReserve
-from orchard.sandbox.backends.local_zygote import Zygote, ZygoteEntry, begin_entry, read_ready, zygote_wanted
-from orchard.sandbox.backends.local_state import (LocalHandle, SandboxRecord, children_of,
+from orchard.sandbox.backends.local.spares import Spare, SpareReserve
+from orchard.sandbox.backends.local.zygote import Zygote, ZygoteEntry, begin_entry, read_ready, zygote_wanted
+from orchard.sandbox.backends.local.state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
                                                   write_record)
 from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
@@ -237,7 +238,7 @@ class LocalBackend:
         self._make_private()
         remap = remaps_ids()
         # Sandboxes of root map host root, who owns the bundles: their host directories are locked
-        # read-only in the sandbox (local_launch.LOCK_SCRIPT), so nothing there can ever write them.
+        # read-only in the sandbox (launch.LOCK_SCRIPT), so nothing there can ever write them.
         read_only = _outermost([bundle.path.parent, *(path for _, path in harness_bundles)]) if remap else []
         zygote = await self._zygote_for(bundle) if zygote_wanted(remap, self.zygote) else None
         try:
@@ -364,7 +365,7 @@ class LocalBackend:
                     else:
                         os.close(block)  # bwrap failed before its namespaces: it exits, saying why
                 write_record(paths.meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
-                if local_netns.routed(spec.network) is not None and handle.init_pid:
+                if netns.routed(spec.network) is not None and handle.init_pid:
                     network = self._start_network(sandbox_id, spec, handle, agent_url)
                 if entry is not None and ready_r is not None:
                     handle.agent_pid = await entry.agent_pid(self.ready_timeout_s)
@@ -432,7 +433,7 @@ class LocalBackend:
 
     def _start_network(self, sandbox_id: str, spec: SandboxSpec, handle: LocalHandle,
                        agent_url: str) -> "Future[int]":
-        """The allowlist's veth pair and rules (local_netns.py), made while the agent starts; the slot is
+        """The allowlist's veth pair and rules (netns.py), made while the agent starts; the slot is
         recorded the moment it is taken, so that a crash from then on still leads back to it."""
         meta_file = self._paths(sandbox_id).meta_file
 
@@ -440,9 +441,9 @@ class LocalBackend:
             handle.net_slot = slot
             write_record(meta_file, SandboxRecord(id=sandbox_id, agent_url=agent_url, handle=handle))
 
-        routed = local_netns.routed(spec.network)
+        routed = netns.routed(spec.network)
         assert routed is not None
-        return local_netns.start_attach(self._key(sandbox_id), handle.init_pid or 0, routed, record)
+        return netns.start_attach(self._key(sandbox_id), handle.init_pid or 0, routed, record)
 
     # ---- delete / liveness ---------------------------------------------------------------------------
 
@@ -470,7 +471,7 @@ class LocalBackend:
         # sandbox: look before the kill.
         net_slot = handle.net_slot
         if net_slot is None:
-            net_slot = local_netns.find_slot(self._key(sandbox_id))
+            net_slot = netns.find_slot(self._key(sandbox_id))
         proc = self._children.pop(sandbox_id, None)
         monitor_alive = process_running(handle.pid, handle.pid_start)
         if process_running(handle.init_pid, handle.init_start):
@@ -491,7 +492,7 @@ class LocalBackend:
             proc.wait()
         network_error = None
         try:  # after the kill: nothing of the sandbox runs while its network goes
-            local_netns.detach(self._key(sandbox_id), net_slot)
+            netns.detach(self._key(sandbox_id), net_slot)
         except BackendError as e:
             network_error = e
         for path in (handle.run_dir, handle.sandbox_dir):
@@ -556,7 +557,7 @@ class LocalBackend:
 
         for group in await asyncio.to_thread(cgroups.remove_abandoned_groups, in_use, f"{self.owner}-"):
             log.info("removed abandoned cgroup %s", group)
-        for slot in await asyncio.to_thread(local_netns.clean_orphans):
+        for slot in await asyncio.to_thread(netns.clean_orphans):
             log.info("removed the allowlist rules of dead sandbox slot %d", slot)
         return live
 

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from orchard.core.backend import BackendCapabilities, BackendConfig
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.k8s_gateway import parse_model_gateway
+from orchard.sandbox.backends.kubernetes.gateway import parse_model_gateway
 from orchard.util.env import env_flag
 
 DEFAULT_NAMESPACE = "orchard-sandboxes"

@@ -46,7 +46,7 @@ from pydantic import BaseModel
 
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import HARNESS_MOUNT_ROOT, SandboxSpec
-from orchard.sandbox.backends import local_netns
+import orchard.sandbox.backends.local.netns as netns
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
 from orchard.sandbox.images import IdMap, ImageStore
 
@@ -252,7 +252,7 @@ def validate_disk(spec: SandboxSpec) -> None:
 
 
 def validate_network(spec: SandboxSpec) -> None:
-    local_netns.check_network(spec.network)  # allowlist (and open with the gateway): entries, and whether it can
+    netns.check_network(spec.network)  # allowlist (and open with the gateway): entries, and whether it can
 
 
 def shm_mb(spec: SandboxSpec) -> int:
@@ -355,9 +355,9 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
     user (and then drops them). `gateway_socket`: the model gateway's, bound at GATEWAY_SOCKET.
     `harness_bundles`: (name, host directory) pairs, mounted read-only at HARNESS_MOUNT_ROOT/<name>.
     `hold_fd`: bwrap's init blocks reading it once every mount is made, and runs no command while it
-    does: the agent zygote forks the agent into the namespaces instead (local_zygote.py)."""
+    does: the agent zygote forks the agent into the namespaces instead (zygote.py)."""
     args = ["--unshare-all"]
-    if spec.network.mode == "open" and not spec.network.gateway:  # with it: routed (local_netns.routed)
+    if spec.network.mode == "open" and not spec.network.gateway:  # with it: routed (netns.routed)
         args.append("--share-net")
     args += ["--cap-drop", "ALL"]
     if userns_block_fd is not None:

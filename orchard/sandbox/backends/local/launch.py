@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.bwrap import SandboxPaths
-from orchard.sandbox.backends.cgroups import CgroupSet
+from orchard.sandbox.backends.local.bwrap import SandboxPaths
+from orchard.sandbox.backends.local.cgroups import CgroupSet
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def limit_lines(spec: SandboxSpec, cgroups: CgroupSet | None) -> list[str]:
     """Shell lines for what the cgroups cannot hold: RLIMIT_NPROC in place of a missing pids group."""
     if not spec.max_processes or (cgroups is not None and "pids" in cgroups.controllers):
         return []
-    # No pids group: RLIMIT_NPROC stands in, only where it holds (local_limits.py refuses the rest,
+    # No pids group: RLIMIT_NPROC stands in, only where it holds (limits.py refuses the rest,
     # and memory_mb/cpu without their groups, before we get here). prlimit, because `ulimit` flags
     # differ between shells.
     prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])

@@ -9,7 +9,7 @@ or a dead container → an error at once; deleted → an error.
 Why not wait for Ready: the kubelet notices container state changes on its 1 s relist, so "injector
 done → sandbox running → Ready" costs up to three 1 s steps. The sandbox container starts as soon as the
 kubelet has seen the injector finish; from there the orchestrator's own /health check on the Pod IP
-(k8s_health.py) finds the agent up about a second before the kubelet would report it."""
+(health.py) finds the agent up about a second before the kubelet would report it."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from orchard.core.errors import BackendError, InvalidRequest, OrchardError
-from orchard.sandbox.backends.k8s_egress import GUARD_CONTAINER
-from orchard.sandbox.backends.k8s_pods import INJECTOR_CONTAINER, SANDBOX_CONTAINER
+from orchard.sandbox.backends.kubernetes.egress import GUARD_CONTAINER
+from orchard.sandbox.backends.kubernetes.pods import INJECTOR_CONTAINER, SANDBOX_CONTAINER
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from orchard.core.backend import BackendCapabilities, BackendConfig
 from orchard.sandbox.backends.gateway_socket import socket_path
-from orchard.sandbox.backends import local_netns
+import orchard.sandbox.backends.local.netns as netns
 
 AGENT_APART_ENV = "ORCHARD_LOCAL_AGENT_APART"
 ZYGOTE_ENV = "ORCHARD_LOCAL_ZYGOTE"
@@ -57,11 +57,11 @@ class LocalConfig(BackendConfig):
 
 def local_capabilities(model_gateway: bool = False) -> BackendCapabilities:
     """Network 'none' (loopback only) and 'open', 'allowlist' as root with ip, nft and nsenter
-    (local_netns.py); every limit, `disk_mb` only as root (a size-limited tmpfs needs the mount). Whether
-    this machine's cgroups have each controller is checked per spec at create (local_limits.py): a limit
+    (netns.py); every limit, `disk_mb` only as root (a size-limited tmpfs needs the mount). Whether
+    this machine's cgroups have each controller is checked per spec at create (limits.py): a limit
     they cannot hold is refused there."""
     limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if os.geteuid() == 0 else set())
-    modes = {"none", "open"} | ({"allowlist"} if local_netns.unavailable_reason() is None else set())
+    modes = {"none", "open"} | ({"allowlist"} if netns.unavailable_reason() is None else set())
     return BackendCapabilities(network_modes=frozenset(modes), limits=frozenset(limits),
                                image_kinds=frozenset({"host", "rootfs", "oci"}), model_gateway=model_gateway,
                                harness_bundles=True)

@@ -18,7 +18,7 @@ import shutil
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.cgroups import CPU_PERIOD_US, CgroupSet
+from orchard.sandbox.backends.local.cgroups import CPU_PERIOD_US, CgroupSet
 
 MIN_CPU_QUOTA_US = 1000  # the kernel's smallest CFS quota
 MIN_CPU = MIN_CPU_QUOTA_US / CPU_PERIOD_US
