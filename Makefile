@@ -77,7 +77,7 @@ clean:
 # docs/harness-bundles.md).
 k8s-up:
 	bash scripts/k8s/cluster.sh up
-	if [ -x $(BIN)/python ]; then $(BIN)/python -m orchard.sandbox.harness_bundles.k8s_image --import-with scripts/k8s/cluster.sh; fi
+	if [ -x $(BIN)/python ]; then $(BIN)/python -m orchard.sandbox.backends.kubernetes.harness_images --import-with scripts/k8s/cluster.sh; fi
 
 k8s-down:
 	bash scripts/k8s/cluster.sh down
@@ -86,7 +86,7 @@ k8s-agent-image: $(STAMP)
 	$(BIN)/python -m orchard.sandbox.backends.kubernetes.images --import-with scripts/k8s/cluster.sh
 
 k8s-harness-images: $(STAMP)
-	$(BIN)/python -m orchard.sandbox.harness_bundles.k8s_image --import-with scripts/k8s/cluster.sh
+	$(BIN)/python -m orchard.sandbox.backends.kubernetes.harness_images --import-with scripts/k8s/cluster.sh
 
 # The project's own Docker daemon for the docker backend and its Debian sandbox image (root; docs/docker.md).
 docker-up:

@@ -164,7 +164,7 @@ async def test_on_kubernetes_the_pod_reaches_the_runs_gateway_at_the_node_addres
     from orchard.sandbox.backends.kubernetes.client import load_api_client
     from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
     from orchard.sandbox.backends.kubernetes.images import import_injector_image
-    from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
+    from orchard.sandbox.backends.kubernetes.harness_images import import_harness_image
     from orchard.sandbox.harness_bundles.store import read_built
     from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
 

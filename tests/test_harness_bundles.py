@@ -305,7 +305,7 @@ async def test_kubernetes_copies_the_bundle_from_its_injector_image(bundle_home)
     from orchard.sandbox.agent_client import AgentSandbox
     from orchard.sandbox.backends.kubernetes.images import import_injector_image
     from orchard.sandbox.backends.kubernetes import KubernetesBackend
-    from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
+    from orchard.sandbox.backends.kubernetes.harness_images import import_harness_image
     from tests.k8s_cluster import CLUSTER_SCRIPT, delete_namespace, require_cluster
 
     kubeconfig = require_cluster()

@@ -267,7 +267,7 @@ async def test_on_kubernetes_three_rollouts_rebuilt_from_the_gateway(tmp_path, h
     from orchard.sandbox.backends.kubernetes.client import load_api_client
     from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
     from orchard.sandbox.backends.kubernetes.images import import_injector_image
-    from orchard.sandbox.harness_bundles.k8s_image import import_harness_image
+    from orchard.sandbox.backends.kubernetes.harness_images import import_harness_image
     from orchard.sandbox.harness_bundles.store import read_built
     from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
 

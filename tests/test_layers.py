@@ -138,3 +138,26 @@ def test_no_module_imports_one_that_imports_it_back():
     circles = _circles(_import_graph())
     assert not circles, "import circles (move the shared piece into a module of its own):\n" + "\n".join(
         " → ".join(circle) for circle in circles)
+
+
+def test_each_backend_keeps_to_its_package():
+    """A backend's package (orchard/sandbox/backends/<name>/) imports no other backend's: what several use
+    sits at backends/ itself, which imports none of them either. Harness bundles are built and stored below
+    the backends that mount them: orchard/sandbox/harness_bundles imports no backend."""
+    backends = PACKAGE / "sandbox" / "backends"
+    rooms = {f"orchard.sandbox.backends.{p.name}" for p in backends.iterdir() if (p / "__init__.py").is_file()}
+    wrong = []
+    for path in _sources():
+        module = _module_name(path)
+        if _within(module, {"orchard.sandbox.harness_bundles"}):
+            barred = {"orchard.sandbox.backends"}
+        elif _within(module, {"orchard.sandbox.backends"}):
+            barred = {room for room in rooms if not _within(module, {room})}
+        else:
+            continue
+        names = {name for name in _imports(path) if _within(name, barred)}
+        wrong += [f"{module} → {name}" for name in sorted(names) if name.rpartition(".")[0] not in names]
+    assert rooms >= {"orchard.sandbox.backends.local", "orchard.sandbox.backends.docker",
+                     "orchard.sandbox.backends.kubernetes"}
+    assert not wrong, "imports across backends (move the shared piece up to orchard/sandbox/backends/):\n" + \
+        "\n".join(wrong)

@@ -25,9 +25,9 @@ from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.core.backend import BackendSandbox
-from orchard.sandbox.backends.local.bwrap import find_bwrap
 from orchard.sandbox.backends.local.cgroups import placements
 from orchard.sandbox.backends.local import LocalBackend
+from orchard.sandbox.bubblewrap import find_bwrap
 from orchard.sandbox.backends.local.state import (LocalHandle, children_of, process_running,
                                                   process_start_time)
 from tests import local_backend_rig as rig

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.local.bwrap import (REMAP_BASE, SandboxPaths, bwrap_args, find_bwrap, id_map,
-                                                  agent_env, remaps_ids)
+from orchard.sandbox.backends.local.bwrap import (REMAP_BASE, SandboxPaths, bwrap_args, id_map, agent_env,
+                                                  remaps_ids)
 from orchard.sandbox.backends.local.backend import MOUNT_RACE_ATTEMPTS, MOUNT_RACE_MESSAGES, LocalBackend
 from orchard.sandbox.backends.local.launch import HOST_ENV, writable_subdirs
+from orchard.sandbox.bubblewrap import find_bwrap
 from orchard.sandbox.bundle import AgentBundle
 
 

@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.harness_bundle import VENV_DIR, HarnessBundleSpec
-from orchard.sandbox.backends.local.bwrap import find_bwrap
+from orchard.sandbox.bubblewrap import find_bwrap
 from orchard.util import debian
 from orchard.sandbox.harness_bundles.elf import pin_programs
 from orchard.sandbox.harness_bundles.store import (MANIFEST, BuiltBundle, HarnessBundleManifest, bundle_dir,

@@ -28,8 +28,8 @@ import orchard.sandbox.backends.docker.containers as spec_of
 from orchard.sandbox.backends.docker.config import DockerConfig, default_run_dir, docker_capabilities
 from orchard.sandbox.backends.docker.dirs import SandboxDir, ensure_private_dir, instance_key, sandbox_key
 from orchard.sandbox.backends.docker.engine import Engine
+from orchard.sandbox.backends.agent_health import check_health
 from orchard.sandbox.backends.gateway_socket import configured_socket, socket_for
-from orchard.sandbox.backends.local.launch import check_health
 from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
 from orchard.sandbox.harness_bundles.store import require_built
 

@@ -1,8 +1,8 @@
 """Harness bundles on Kubernetes: each bundle ships as an injector image (`localhost/orchard-harness-<name>:
 <key>`, the key of its spec, so an orchestrator needs only the spec to name it; built and imported by
-orchard/sandbox/harness_bundles/k8s_image.py), whose init container copies it into an emptyDir that the
-sandbox container mounts read-only at /.orchard/harness/<name>. (Image volumes would avoid the copy; the
-clusters we target predate them.)
+harness_images.py), whose init container copies it into an emptyDir that the sandbox container mounts
+read-only at /.orchard/harness/<name>. (Image volumes would avoid the copy; the clusters we target predate
+them.)
 
 The init container also mounts the agent's emptyDir at /.orchard, so the runtime makes the bundle's mount
 point `harness/<name>` there while it is writable: in the sandbox container /.orchard is read-only, and a

@@ -32,17 +32,18 @@ from orchard.core.backend import BackendSandbox
 from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.home import resolve_home
 from orchard.core.sandbox import SandboxSpec, StartupTimings
+from orchard.sandbox.backends.agent_health import check_health
 import orchard.sandbox.backends.local.cgroups as cgroups
 import orchard.sandbox.backends.local.netns as netns
 from orchard.sandbox.backends.local.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
-                                                  agent_env, bwrap_args, encode_workload_env, find_bwrap, id_map,
+                                                  agent_env, bwrap_args, encode_workload_env, id_map,
                                                   remaps_ids, validate_disk, validate_image, validate_network,
                                                   with_image_env, workload_env)
 from orchard.sandbox.backends.local.config import AGENT_APART_ENV, LocalConfig, local_capabilities
 from orchard.sandbox.backends.local.gateway import agent_gateway_args, gateway_socket_for, model_gateway_socket
-from orchard.sandbox.backends.local.launch import (check_health, launch_argv, launch_command, limit_lines,
-                                                   protect_workload_init, read_info, release_userns, spawn,
-                                                   wait_ready_line, writable_subdirs)
+from orchard.sandbox.backends.local.launch import (launch_argv, launch_command, limit_lines, protect_workload_init,
+                                                   read_info, release_userns, spawn, wait_ready_line,
+                                                   writable_subdirs)
 from orchard.sandbox.backends.local.limits import check_cpu_floor, require_enforceable
 from orchard.sandbox.backends.local.procs import (file_age, fds_named_in, kill, never_readable_fd, rmtree, tail,
                                                   wait_gone)
@@ -51,6 +52,7 @@ from orchard.sandbox.backends.local.zygote import Zygote, ZygoteEntry, begin_ent
 from orchard.sandbox.backends.local.state import (LocalHandle, SandboxRecord, children_of,
                                                   process_running, process_start_time, read_record,
                                                   write_record)
+from orchard.sandbox.bubblewrap import find_bwrap
 from orchard.sandbox.bundle import AgentBundle, default_cache_dir, ensure_agent_bundle
 from orchard.sandbox.images import ImageStore
 from orchard.sandbox.harness_bundles.store import require_built

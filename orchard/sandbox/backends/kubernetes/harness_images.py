@@ -1,9 +1,11 @@
 """Harness bundles as Kubernetes injector images: a static busybox (for `cp`) plus the built bundle at
 /bundle, imported into the dev cluster's containerd without a registry (`cluster.sh import-image`, which
 also caches the archive, so every later `cluster.sh up` imports it again). The Kubernetes backend names the
-image after the bundle's spec (kubernetes/harness.py).
+image after the bundle's spec (harness.py). Part of the Kubernetes backend, it builds on the harness bundles
+(orchard/sandbox/harness_bundles), which know no backend.
 
-    python -m orchard.sandbox.harness_bundles.k8s_image --import-with scripts/k8s/cluster.sh [NAME ...]
+    python -m orchard.sandbox.backends.kubernetes.harness_images --import-with scripts/k8s/cluster.sh \
+        [NAME ...]
 
 With no NAME: every registered bundle that is built here (none built, nothing to do: cheap where the big
 ones are not wanted); `--build` (or ORCHARD_K8S_BUILD_BUNDLES=1) builds the named ones, or all, first.
