@@ -17,11 +17,10 @@ import pytest
 from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
-from orchard.sandbox.backends.local import backend as local_module
 from orchard.sandbox.backends.local import zygote as local_zygote
 from orchard.sandbox.backends.local.bwrap import agent_env
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.backends.local.state import process_running
+from orchard.sandbox.backends.local.state import children_of, process_running
 from orchard.sandbox.backends.local.config import ZYGOTE_ENV
 from orchard.sandbox.backends.local.zygote import ENV_AREA_NAME, zygote_wanted
 from tests import local_backend_rig as rig
@@ -57,8 +56,6 @@ async def running(backend: LocalBackend, spec: SandboxSpec | None = None):
 
 def agent_fds(sb) -> list[str]:
     """What the agent's descriptors are, seen from the host: kinds (socket, pipe) and file names."""
-    from orchard.sandbox.backends.local.state import children_of
-
     pid = sb.handle.get("agent_pid") or children_of(sb.handle["init_pid"])[0]
     kinds = []
     for n in os.listdir(f"/proc/{pid}/fd"):
@@ -160,7 +157,7 @@ async def test_from_the_host_its_processes_show_the_sandboxs_environment_and_com
         async with running(backend, SandboxSpec(env={"SEED": "7"}, memory_mb=256)) as (sb, agent):
             r = await agent.exec("cat /proc/self/oom_score_adj /proc/$PPID/comm")
             assert r.stdout.split() == ["500", "orchard-spawner"], (kind, r)
-            agent_pid = sb.handle.get("agent_pid") or local_module.children_of(sb.handle["init_pid"])[0]
+            agent_pid = sb.handle.get("agent_pid") or children_of(sb.handle["init_pid"])[0]
             workload = [p for p in sb.handle["cgroups"] if Path(p).name == "workload"]
             spawner = [int(p) for p in Path(workload[0], "cgroup.procs").read_text().split()]
             children = [int(p) for task in Path(f"/proc/{agent_pid}/task").iterdir()

@@ -1,5 +1,5 @@
 """The local backend's small process and file helpers: killing and waiting for processes, removing a
-sandbox's directories, the descriptors handed to an agent."""
+sandbox's directories, the descriptors a create holds and those it hands to an agent."""
 
 from __future__ import annotations
 
@@ -18,6 +18,29 @@ def file_age(path: Path) -> float:
         return time.time() - path.stat().st_mtime
     except FileNotFoundError:
         return 0.0
+
+
+class Fd:
+    """One descriptor, held until it is handed on (`take`: the taker closes it) or closed; closing twice is
+    harmless, so an ExitStack may hold it whatever became of it (`stack.enter_context(Fd(fd)).fd`)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def take(self) -> int:
+        fd, self.fd = self.fd, -1
+        return fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> "Fd":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def never_readable_fd() -> int:
