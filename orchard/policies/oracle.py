@@ -35,6 +35,7 @@ from typing import Any
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.policy import Completion
 from orchard.core.task import Task
+from orchard.policies.own_messages import is_own_message, message_text
 from orchard.policies.tool_specs import find_shell_tool, find_submit_tool, required_arguments, tool_specs
 
 NAME = "oracle"
@@ -104,7 +105,8 @@ def respond(rollout_key: str | None, messages: list[dict[str, Any]],
 
 
 def next_message(task: Task, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Completion:
-    done = sum(1 for message in messages if _is_oracle_action(message))
+    done = sum(1 for message in messages
+               if is_own_message(message, mark=ORACLE_MARK, call_id_prefix=TOOL_CALL_ID_PREFIX))
     step = min(done, PLAN_LENGTH - 1)  # after the plan: submit again (the harness did not stop)
     specs = tool_specs(tools)
     workdir = shlex.quote(task.environment.workdir)
@@ -161,7 +163,7 @@ def _submit_output_came_back(messages: list[dict[str, Any]]) -> bool:
     not stop, so it does not follow mini-swe-agent's submit convention."""
     last = messages[-1] if messages else {}
     return last.get("role") == "tool" and any(line.strip() == SUBMIT_MARKER  # harnesses may wrap the output
-                                              for line in _text(last.get("content")).splitlines())
+                                              for line in message_text(last.get("content")).splitlines())
 
 
 def _end_turn_reply() -> Completion:
@@ -204,7 +206,8 @@ _FENCE_LABEL = re.compile(r"```(bash|sh|shell|mswea_bash_command)[ \t]*\n")
 
 def text_action_format(messages: list[dict[str, Any]]) -> TextActionFormat:
     """The command block the harness's prompt asks for (system and user messages), ```bash if it shows none."""
-    prompt = "\n".join(_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer", "user"))
+    prompt = "\n".join(message_text(m.get("content")) for m in messages
+                       if m.get("role") in ("system", "developer", "user"))
     if MSWEA_XML.opening in prompt:
         return MSWEA_XML
     match = _FENCE_LABEL.search(prompt)
@@ -225,25 +228,3 @@ def _text_reply(task: Task, messages: list[dict[str, Any]], step: int, workdir: 
         command, what = MINI_SWE_AGENT_SUBMIT, "submit"
     content = f"THOUGHT: {_thought(step, what)}\n\n{form.wrap(command)}"
     return Completion(message={"role": "assistant", "content": content}, finish_reason="stop", model=NAME)
-
-
-# --- reading the conversation ----------------------------------------------------------------------
-
-def _is_oracle_action(message: dict[str, Any]) -> bool:
-    """An assistant message the oracle wrote: its mark in the text, or its tool-call id (either survives
-    harnesses that drop the other)."""
-    if message.get("role") != "assistant":
-        return False
-    if ORACLE_MARK in _text(message.get("content")):
-        return True
-    return any(isinstance(call, dict) and str(call.get("id", "")).startswith(TOOL_CALL_ID_PREFIX)
-               for call in message.get("tool_calls") or [])
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
-

@@ -18,6 +18,7 @@ from orchard.core.errors import InvalidRequest, ModelError
 from orchard.core.policy import Completion, TokenLogprob
 from orchard.core.task import Task
 from orchard.policies.oracle import MINI_SWE_AGENT_SUBMIT, text_action_format
+from orchard.policies.own_messages import is_own_message
 from orchard.policies.tool_specs import find_shell_tool, find_submit_tool, required_arguments, tool_specs
 from orchard.testing.harness_conformance.scenarios import (
     DEADLINE,
@@ -68,7 +69,7 @@ class ConformanceModel:
                                  "only rollouts the evaluator prepared (run it through the suite)")
         if scenario == MODEL_ERROR:
             raise ModelError(MODEL_ERROR_TEXT)
-        done = sum(1 for message in messages if _is_own(message))
+        done = sum(1 for message in messages if is_own_message(message, mark=MARK, call_id_prefix=CALL_ID_PREFIX))
         message = _reply(scenario, done, messages, tools)
         return _with_tokens(message, messages, tools)
 
@@ -117,23 +118,3 @@ def _with_tokens(message: dict[str, Any], messages: list[dict[str, Any]], tools:
                       prompt_token_ids=byte_tokens(render_prompt(messages, tools)), completion_token_ids=completion,
                       logprobs=[TokenLogprob(token_id=token, text=byte_token_text(token), logprob=LOGPROB, top=[])
                                 for token in completion])
-
-
-def _is_own(message: dict[str, Any]) -> bool:
-    """An assistant message this model wrote: its mark in the text, or its tool-call id (a harness may keep
-    only one of them)."""
-    if message.get("role") != "assistant":
-        return False
-    if MARK in _text(message.get("content")):
-        return True
-    return any(isinstance(call, dict) and str(call.get("id", "")).startswith(CALL_ID_PREFIX)
-               for call in message.get("tool_calls") or [])
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
-
