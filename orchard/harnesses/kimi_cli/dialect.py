@@ -30,7 +30,6 @@ Anything else is refused before a sandbox starts: `Shell` in the background, sub
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from orchard.core.actions import (
@@ -57,9 +56,6 @@ NO_EFFECT = {"ReadFile", "Grep", "Glob", "SetTodoList", "Think"}
 
 
 class KimiCliDialect(CapturedPromptDialect):
-    def __init__(self, version: str, home: Path | None = None) -> None:
-        super().__init__("kimi-cli", version, home)
-
     # --- its tools ------------------------------------------------------------------------------------
 
     def read_call(self, name: str, arguments: dict[str, Any], result: str) -> Action:

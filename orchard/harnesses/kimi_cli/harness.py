@@ -35,7 +35,7 @@ class KimiCliHarness(InSandboxHarness):
 
     def dialect(self) -> KimiCliDialect:
         """Kimi's tools, captured prompt and result framing, and the exact replay of its calls (dialect.py)."""
-        return KimiCliDialect(self.version)
+        return KimiCliDialect(self.name, self.version)
 
     async def launch(self, run: AgentRun, sandbox: Sandbox) -> Launch:
         """`kimi --print --output-format stream-json`, auto-approving, in the workdir, with the bundle's `bin/`

@@ -35,7 +35,6 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
-from pathlib import Path
 from typing import Any
 
 from orchard.core.actions import (
@@ -65,9 +64,6 @@ NO_EFFECT = {"think", "task_tracker", "glob", "grep"}
 
 
 class OpenHandsDialect(CapturedPromptDialect):
-    def __init__(self, version: str, home: Path | None = None) -> None:
-        super().__init__("openhands", version, home)
-
     # --- its tools ------------------------------------------------------------------------------------
 
     def read_call(self, name: str, arguments: dict[str, Any], result: str) -> Action:

@@ -69,7 +69,7 @@ class OpenHandsHarness(InSandboxHarness):
 
     def dialect(self) -> OpenHandsDialect:
         """OpenHands' tools, captured prompt and result framing, and the exact replay of its calls (dialect.py)."""
-        return OpenHandsDialect(self.version)
+        return OpenHandsDialect(self.name, self.version)
 
     async def setup(self, task: Task, sandbox: Sandbox) -> None:
         """The trial's harness-setup phase: the driver placed under STATE_DIR (a failure is a harness_error)."""
