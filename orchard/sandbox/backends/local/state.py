@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from orchard.util.files import atomic_write_text
+from orchard.core.atomic_write import atomic_write_text
 
 
 class LocalHandle(BaseModel):
