@@ -19,7 +19,17 @@ from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.core.backend import BackendSandbox
 from orchard.sandbox.backends.local import LocalBackend
+from orchard.sandbox.backends.local import cgroups
 from orchard.testing.oci_layout import Entry
+
+
+def cgroup_v1_only() -> bool:
+    """Whether every group a sandbox gets here is on cgroup v1 (cgroup2 cannot rename one: no spares)."""
+    try:
+        placed = cgroups.placements("probe")
+    except OSError:
+        return False
+    return bool(placed) and all(version == 1 for _, version, _ in placed)
 
 
 async def shut_down(backend: LocalBackend) -> None:

@@ -23,20 +23,11 @@ from orchard.sandbox.backends.local import cgroups
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.backends.local.spares import SPARE_INFIX
 from orchard.sandbox.backends.local.state import process_running, process_start_time
-from tests.local_backend_rig import running, shut_down
-
-
-def _cgroup_v1_only() -> bool:
-    """Whether every group a sandbox gets here is on cgroup v1 (cgroup2 cannot rename one: no spares)."""
-    try:
-        placed = cgroups.placements("probe")
-    except OSError:
-        return False
-    return bool(placed) and all(version == 1 for _, version, _ in placed)
+from tests.local_backend_rig import cgroup_v1_only, running, shut_down
 
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="spares go with the zygote, which root uses"),
-              pytest.mark.skipif(not _cgroup_v1_only(), reason="spares need cgroup v1 (cgroup2 renames no group)")]
+              pytest.mark.skipif(not cgroup_v1_only(), reason="spares need cgroup v1 (cgroup2 renames no group)")]
 
 LIMIT_FILES = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "pids.max", "cpu.cfs_quota_us",
                "cpu.cfs_period_us")

@@ -20,16 +20,7 @@ from orchard.core.errors import BackendError
 from orchard.core.sandbox import SandboxSpec
 from orchard.sandbox.backends.local import backend as backend_module
 from orchard.sandbox.backends.local import LocalBackend
-from orchard.sandbox.backends.local import cgroups
 from tests import local_backend_rig as rig
-
-
-def _cgroup_v1_only() -> bool:
-    try:
-        placed = cgroups.placements("probe")
-    except OSError:
-        return False
-    return bool(placed) and all(version == 1 for _, version, _ in placed)
 
 
 PATHS = {
@@ -71,7 +62,7 @@ async def backend(request, tmp_path, short_tmp, bundle_cache):
     options, needs = PATHS[request.param]
     if needs and os.geteuid() != 0:
         pytest.skip(needs)
-    if request.param == "spare" and not _cgroup_v1_only():
+    if request.param == "spare" and not rig.cgroup_v1_only():
         pytest.skip(needs)
     async with rig.local_backend(tmp_path / "sandboxes", run_dir=short_tmp / "run", bundle_cache_dir=bundle_cache,
                                  **options) as made:
