@@ -6,17 +6,7 @@ modules import one another by their full names, never through this package (whic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from orchard.sandbox.backends.docker.backend import DockerBackend
+from orchard.util.lazy import lazy_exports
 
 __all__ = ["DockerBackend"]
-
-
-def __getattr__(name: str):
-    if name == "DockerBackend":
-        from orchard.sandbox.backends.docker.backend import DockerBackend
-
-        return DockerBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {"DockerBackend": "orchard.sandbox.backends.docker.backend"}, globals())

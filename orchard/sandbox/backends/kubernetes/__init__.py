@@ -7,17 +7,8 @@ names, never through this package (which imports the backend)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from orchard.sandbox.backends.kubernetes.backend import KubernetesBackend
+from orchard.util.lazy import lazy_exports
 
 __all__ = ["KubernetesBackend"]
-
-
-def __getattr__(name: str):
-    if name == "KubernetesBackend":
-        from orchard.sandbox.backends.kubernetes.backend import KubernetesBackend
-
-        return KubernetesBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {"KubernetesBackend": "orchard.sandbox.backends.kubernetes.backend"},
+                                    globals())

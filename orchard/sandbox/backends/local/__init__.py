@@ -6,17 +6,7 @@ modules import one another by their full names, never through this package (whic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from orchard.sandbox.backends.local.backend import LocalBackend
+from orchard.util.lazy import lazy_exports
 
 __all__ = ["LocalBackend"]
-
-
-def __getattr__(name: str):
-    if name == "LocalBackend":
-        from orchard.sandbox.backends.local.backend import LocalBackend
-
-        return LocalBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {"LocalBackend": "orchard.sandbox.backends.local.backend"}, globals())

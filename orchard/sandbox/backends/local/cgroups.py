@@ -16,7 +16,10 @@ fills them meets its own limit and the OOM killer chooses among its processes on
 `AGENT_PIDS` processes of its own and, on cgroup v2, `AGENT_MEMORY_MIN_MB` that reclaim never takes; the
 sandbox's group bounds both at `memory_mb + AGENT_MEMORY_MB`. The cpu quota stays on the sandbox's group,
 shared. Limits of the spec thus bind the workload exactly as asked; the agent's own use, which counted
-against them before, no longer does."""
+against them before, no longer does.
+
+Making, limiting, finding and removing a sandbox's groups all follow the same placement rules (`placements`,
+the leaves), so they stay in this one file, a little over ~400 lines."""
 
 from __future__ import annotations
 

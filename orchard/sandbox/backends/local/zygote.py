@@ -21,7 +21,6 @@ import orchard.sandbox.backends.local.bwrap as bwrap_module
 from orchard.sandbox.backends.local.bwrap import SandboxPaths
 from orchard.sandbox.backends.local.config import ZYGOTE_ENV
 from orchard.sandbox.backends.local.launch import HOST_ENV
-from orchard.sandbox.backends.local.state import LocalHandle
 
 # Capability numbers (linux/capability.h) of those bwrap may leave the agent (bwrap.py AGENT_SETUP_CAPS).
 CAPABILITIES = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SETPCAP": 8, "CAP_SYS_ADMIN": 21}
