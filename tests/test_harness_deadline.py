@@ -13,14 +13,8 @@ import pytest
 from orchard.core.deadline import Deadline
 from orchard.core.errors import SandboxLost
 from orchard.core.harness import ModelConfig
-from orchard.harnesses.deadline import (
-    AFTER_STOP_RESERVE_S,
-    MARGIN_CAP_S,
-    MARGIN_FLOOR_S,
-    after_stop,
-    deadline_margin_s,
-    run_limit_s,
-)
+from orchard.harnesses.deadline import (AFTER_STOP_RESERVE_S, MARGIN_CAP_S, MARGIN_FLOOR_S, after_stop,
+                                        deadline_margin_s, run_limit_s)
 
 
 def _model(deadline_in_s: float | None) -> ModelConfig:

@@ -41,18 +41,8 @@ from orchard.eval.in_sandbox import (backend_for_run, ensure_run_bundle, gateway
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.pools import eval_pools
 from orchard.eval.partial import CALLS_FILE, read_calls, trajectory_from_calls
-from orchard.eval.results import (
-    TRAJECTORIES_FILE,
-    EvalResults,
-    EvalSettings,
-    TaskResult,
-    build_results,
-    latest_by_task,
-    read_results,
-    read_trajectories,
-    utc_now,
-    write_results,
-)
+from orchard.eval.results import (TRAJECTORIES_FILE, EvalResults, EvalSettings, TaskResult, build_results,
+                                  latest_by_task, read_results, read_trajectories, utc_now, write_results)
 from orchard.eval.models import check_model_route
 from orchard.eval.run_config import (TrialTimeouts, check_same_config, harness_defaults, read_config, suite_hash,
                                      write_config)

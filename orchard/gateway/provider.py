@@ -9,14 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from orchard.core.errors import (
-    InvalidRequest,
-    ModelError,
-    ModelRateLimited,
-    ModelUnreachable,
-    OrchardError,
-    exception_text,
-)
+from orchard.core.errors import (InvalidRequest, ModelError, ModelRateLimited, ModelUnreachable, OrchardError,
+                                 exception_text)
 from orchard.gateway.config import BUILTIN_PROVIDER_PREFIX, ModelRoute
 from orchard.gateway.direct import ClientPool, api_key, direct_target, post_completion, request_body
 from orchard.gateway.litellm_loader import load_litellm

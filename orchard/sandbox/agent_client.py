@@ -27,15 +27,8 @@ from orchard.core.errors import (
     AuthError, DiskFull, ExecTimeout, InvalidRequest, NotFound, OrchardError, PayloadTooLarge, SandboxLost,
     error_from_code, exception_text,
 )
-from orchard.core.sandbox import (
-    DOWNLOAD_MAX_BYTES,
-    READ_FILE_MAX_BYTES,
-    ExecEvent,
-    ExecResult,
-    FileInfo,
-    SessionResult,
-    StartupTimings,
-)
+from orchard.core.sandbox import (DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, ExecEvent, ExecResult, FileInfo,
+                                  SessionResult, StartupTimings)
 from orchard.sandbox import tar_stream
 
 _CONNECT_RETRY_DELAYS_S = (0.1, 0.4)

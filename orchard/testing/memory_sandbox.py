@@ -27,15 +27,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from orchard.core.errors import InvalidRequest, NotFound, PayloadTooLarge, SandboxLost
-from orchard.core.sandbox import (
-    DOWNLOAD_MAX_BYTES,
-    READ_FILE_MAX_BYTES,
-    ExecEvent,
-    ExecRequest,
-    ExecResult,
-    FileInfo,
-    SessionResult,
-)
+from orchard.core.sandbox import (DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, ExecEvent, ExecRequest, ExecResult, FileInfo,
+                                  SessionResult)
 
 Answer = ExecResult | str
 Answerer = Callable[[ExecRequest], Answer | None]

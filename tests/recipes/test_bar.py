@@ -12,12 +12,8 @@ from orchard.recipes.bar.allocator import drive
 from orchard.recipes.bar.config import BarConfig
 from orchard.recipes.bar.records import PromptHistory
 from orchard.recipes.bar.simulation import coin_flips, hard_swe_pass_rates, simulate_run
-from orchard.recipes.bar.strategies import (
-    BalancedAllocator,
-    DynamicSamplingAllocator,
-    FixedGroupAllocator,
-    make_allocator,
-)
+from orchard.recipes.bar.strategies import (BalancedAllocator, DynamicSamplingAllocator, FixedGroupAllocator,
+                                            make_allocator)
 
 
 def sampler(pass_rates: dict[str, float], seed: int = 0, error_rate: float = 0.0):

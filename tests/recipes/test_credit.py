@@ -18,13 +18,8 @@ from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
 from orchard.eval.suites import load_suite
 from orchard.gateway.config import GatewayConfig, ModelRoute
-from orchard.recipes.credit.assign import (
-    RecoveredStep,
-    assign_credit,
-    build_credit_examples,
-    cap_failure_steps,
-    credit_from_values,
-)
+from orchard.recipes.credit.assign import (RecoveredStep, assign_credit, build_credit_examples, cap_failure_steps,
+                                           credit_from_values)
 from orchard.recipes.credit.judge import JudgeConfig, judge_values, parse_values
 from orchard.recipes.credit.proxies import changed_lines, diff_overlap, patch_files
 from orchard.recipes.credit.values import CreditSettings, Segment, ascent_segments, deltas, peak_index, smooth

@@ -32,18 +32,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from orchard.core.actions import (
-    Action,
-    Create,
-    Edits,
-    Replace,
-    Shell,
-    Submit,
-    UnreplayableCall,
-    UntranslatableCall,
-    View,
-    new_file_in_workdir,
-)
+from orchard.core.actions import (Action, Create, Edits, Replace, Shell, Submit, UnreplayableCall, UntranslatableCall,
+                                  View, new_file_in_workdir)
 from orchard.core.dialect import Observed, observation_text
 from orchard.core.trajectory import ObservationResult, Trajectory
 from orchard.harnesses.captured_dialect import CapturedPromptDialect

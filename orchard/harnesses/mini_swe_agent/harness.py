@@ -30,11 +30,8 @@ from orchard.harnesses.deadline import deadline_margin_s
 from orchard.harnesses.mini_swe_agent.bridge import LoopBridge, run_in_thread
 from orchard.harnesses.mini_swe_agent.convert import convert_trajectory
 from orchard.harnesses.mini_swe_agent.dialect import MiniSweAgentDialect
-from orchard.harnesses.mini_swe_agent.environment import (
-    OrchardSandboxEnvironment,
-    SandboxCallFailed,
-    probe_system_info,
-)
+from orchard.harnesses.mini_swe_agent.environment import (OrchardSandboxEnvironment, SandboxCallFailed,
+                                                          probe_system_info)
 from orchard.harnesses.mini_swe_agent.model import GatewayModel, ModelCallFailed, Mode
 from orchard.harnesses.openai_client import ChatClient
 

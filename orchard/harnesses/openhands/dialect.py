@@ -37,18 +37,8 @@ import re
 import shlex
 from typing import Any
 
-from orchard.core.actions import (
-    Action,
-    Create,
-    Insert,
-    Replace,
-    Shell,
-    Submit,
-    UnreplayableCall,
-    UntranslatableCall,
-    View,
-    new_file_in_workdir,
-)
+from orchard.core.actions import (Action, Create, Insert, Replace, Shell, Submit, UnreplayableCall, UntranslatableCall,
+                                  View, new_file_in_workdir)
 from orchard.core.dialect import Observed, observation_text
 from orchard.core.trajectory import ObservationResult, Trajectory
 from orchard.harnesses.captured_dialect import CapturedPromptDialect

@@ -25,13 +25,8 @@ from orchard.harnesses.openai_client import ChatClient, Completion, CompletionTo
 from orchard.harnesses.react.config import ReActConfig
 from orchard.harnesses.react.dialect import ReactDialect
 from orchard.harnesses.react.prompts import render
-from orchard.harnesses.react.tools import (
-    TOOL_DEFINITIONS,
-    SandboxCallFailed,
-    SandboxTools,
-    ToolResult,
-    truncate_middle,
-)
+from orchard.harnesses.react.tools import (TOOL_DEFINITIONS, SandboxCallFailed, SandboxTools, ToolResult,
+                                           truncate_middle)
 from orchard.harnesses.react.trajectory_builder import TrajectoryBuilder
 
 NO_TOOL_CALL_MESSAGE = ("Your reply did not call a tool. Act through the tools (bash, view, create, "

@@ -7,14 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable
 
 from orchard.recipes.bar.config import BarConfig, RetireReason, Strategy
-from orchard.recipes.bar.records import (
-    AllocatorStats,
-    PromptHistory,
-    PromptState,
-    RolloutRequest,
-    RolloutResult,
-    TrainingGroup,
-)
+from orchard.recipes.bar.records import (AllocatorStats, PromptHistory, PromptState, RolloutRequest, RolloutResult,
+                                         TrainingGroup)
 
 
 class Allocator(ABC):

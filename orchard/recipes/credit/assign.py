@@ -27,15 +27,8 @@ from orchard.core.task import Task
 from orchard.core.trajectory import Trajectory
 from orchard.recipes.credit.judge import JudgeConfig, judge_values
 from orchard.recipes.credit.proxies import agent_steps, is_submit, sandbox_proxies
-from orchard.recipes.credit.values import (
-    CreditSettings,
-    ascent_segments,
-    deltas,
-    mix,
-    peak_index,
-    segment_weights,
-    smooth,
-)
+from orchard.recipes.credit.values import (CreditSettings, ascent_segments, deltas, mix, peak_index, segment_weights,
+                                           smooth)
 from orchard.recipes.common.examples import BuildReport, ExampleFilters, build_examples
 from orchard.sandbox.client import AsyncOrchard
 

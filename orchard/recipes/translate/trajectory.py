@@ -29,16 +29,8 @@ from typing import Any
 
 from orchard.core.actions import Action, Submit, UntranslatableCall
 from orchard.core.dialect import Dialect, Observed, harness_dialect
-from orchard.core.trajectory import (
-    Agent,
-    FinalMetrics,
-    LLMCall,
-    Observation,
-    ObservationResult,
-    Step,
-    ToolCall,
-    Trajectory,
-)
+from orchard.core.trajectory import (Agent, FinalMetrics, LLMCall, Observation, ObservationResult, Step, ToolCall,
+                                     Trajectory)
 
 DEFAULT_WORKDIR = "/testbed"
 

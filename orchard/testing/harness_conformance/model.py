@@ -20,14 +20,8 @@ from orchard.core.task import Task
 from orchard.policies.oracle import MINI_SWE_AGENT_SUBMIT, text_action_format
 from orchard.policies.own_messages import is_own_message
 from orchard.policies.tool_specs import find_shell_tool, find_submit_tool, required_arguments, tool_specs
-from orchard.testing.harness_conformance.scenarios import (
-    DEADLINE,
-    MODEL_ERROR,
-    SCENARIO_KEY,
-    SOLVE,
-    SOLVE_COMMAND,
-    STALL_COMMAND,
-)
+from orchard.testing.harness_conformance.scenarios import (DEADLINE, MODEL_ERROR, SCENARIO_KEY, SOLVE, SOLVE_COMMAND,
+                                                           STALL_COMMAND)
 from orchard.testing.scripted_script import byte_token_text, byte_tokens, render_prompt
 
 MODEL_PATH = f"{__name__}:ConformanceModel"
