@@ -20,6 +20,7 @@ from orchard.eval.runner import run_eval
 from orchard.sandbox.client import AsyncOrchard
 from tests.harness_bundle_rig import TINY
 from tests.harness_rig import SCRIPTED, scripted_config
+from tests.in_sandbox_harness_rig import k8s_run
 from tests.plugin_site import site_on_path, write_distribution
 from tests.running_server import live_sandbox_ids
 from tests.test_harness_bundles import bundle_home  # noqa: F401  (a fixture: the tiny bundle, built once)
@@ -156,44 +157,21 @@ async def test_on_kubernetes_the_pod_reaches_the_runs_gateway_at_the_node_addres
     """The same run on the dev cluster: the bundle copied from its injector image, the run's gateway listening
     on the node's address (ORCHARD_GATEWAY_HOST, as `cluster.sh env` exports it) and allowed to that Pod
     alone; without that address the run is refused before anything is written."""
-    import secrets
+    from tests.k8s_cluster import NODE_IP
 
-    from kubernetes import client
-
-    from orchard.core.harness_bundle import get_bundle_spec
-    from orchard.sandbox.backends.kubernetes.client import load_api_client
-    from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
-    from orchard.sandbox.backends.kubernetes.images import import_injector_image
-    from orchard.sandbox.backends.kubernetes.harness_images import import_harness_image
-    from orchard.sandbox.harness_bundles.store import read_built
-    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
-
-    kubeconfig = require_cluster()
-    import_harness_image(CLUSTER_SCRIPT, read_built(probe / "cache", get_bundle_spec(TINY)))
-    namespace = f"orchard-test-{secrets.token_hex(3)}"
-    config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
-                              agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
-                              bundle_cache_dir=probe / "cache", pod_pids_limit=POD_PIDS_LIMIT)
-    suite = _suite("localhost/orchard-base:local")
-    scripted.load([{"content": "hello from the model"}], loop=True)
-    monkeypatch.delenv("ORCHARD_GATEWAY_HOST", raising=False)
-    with pytest.raises(InvalidRequest, match="set ORCHARD_GATEWAY_HOST to an address of this machine"):
-        await run_eval(harness=PROBE, model=SCRIPTED, suite=suite, out_dir=tmp_path / "refused",
-                       gateway_config=scripted_config(scripted), backend=config)
-    assert not (tmp_path / "refused").exists()
-    monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
-    api = load_api_client(kubeconfig)
-    try:
+    with k8s_run(probe, TINY) as config:
+        suite = _suite("localhost/orchard-base:local")
+        scripted.load([{"content": "hello from the model"}], loop=True)
+        monkeypatch.delenv("ORCHARD_GATEWAY_HOST", raising=False)
+        with pytest.raises(InvalidRequest, match="set ORCHARD_GATEWAY_HOST to an address of this machine"):
+            await run_eval(harness=PROBE, model=SCRIPTED, suite=suite, out_dir=tmp_path / "refused",
+                           gateway_config=scripted_config(scripted), backend=config)
+        assert not (tmp_path / "refused").exists()
+        monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
         out = tmp_path / "run"
         results = await run_eval(harness=PROBE, model=SCRIPTED, suite=suite, out_dir=out,
                                  gateway_config=scripted_config(scripted), backend=config)
         _check_probe_run(out, results)
-        assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
-    finally:
-        try:
-            client.CoreV1Api(api).delete_namespace(namespace)
-        finally:
-            api.close()
 
 
 async def test_an_in_sandbox_harness_is_refused_where_the_run_cannot_give_it_the_gateway(probe, tmp_path, scripted):

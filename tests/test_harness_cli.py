@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 from pathlib import Path
 
 import pytest
@@ -33,13 +32,14 @@ from orchard.core.trajectory import Trajectory
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
-from orchard.gateway.config import GatewayConfig, ModelRoute
+from orchard.gateway.config import GatewayConfig
 from orchard.sandbox.harness_bundles.build import ensure_bundle
 from orchard.cli.eval import _harness_options
 from tests import doc_blocks
 from tests.atif_spec import validate_atif
 from tests.harness_bundle_rig import TINY, shared_downloads
 from tests.harness_rig import ORACLE_SAMPLE, SCRIPTED, normalized, scripted_config
+from tests.in_sandbox_harness_rig import k8s_run, unreachable_model
 from tests.running_server import live_sandbox_ids
 from tests.test_harness_bundles import bundle_home  # noqa: F401  (a fixture: the tiny bundle, built once)
 
@@ -170,11 +170,7 @@ async def test_steps_rebuilt_from_the_gateway_and_every_failure_an_error(tmp_pat
 
 
 def _with_a_dead_model(config: GatewayConfig) -> GatewayConfig:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    dead = ModelRoute(model="openai/down", api_base=f"http://127.0.0.1:{port}/v1", api_key="unused")
-    return config.model_copy(update={"models": {**config.models, "down": dead}})
+    return config.model_copy(update={"models": {**config.models, **unreachable_model("down").models}})
 
 
 def _cmdline(pid: str) -> str:
@@ -260,30 +256,14 @@ async def test_on_kubernetes_three_rollouts_rebuilt_from_the_gateway(tmp_path, h
     """The same harness in Pods of the dev cluster (an image without Python: the bundle brings its own),
     the bundle copied from its injector image, the run's gateway at the node's address. (swe-mini's tasks
     run on this machine's root, which Pods do not have.)"""
-    import secrets
+    from tests.k8s_cluster import NODE_IP
 
-    from kubernetes import client
-
-    from orchard.sandbox.backends.kubernetes.client import load_api_client
-    from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
-    from orchard.sandbox.backends.kubernetes.images import import_injector_image
-    from orchard.sandbox.backends.kubernetes.harness_images import import_harness_image
-    from orchard.sandbox.harness_bundles.store import read_built
-    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
-
-    kubeconfig = require_cluster()
-    import_harness_image(CLUSTER_SCRIPT, read_built(home / "cache", get_bundle_spec(TINY)))
-    namespace = f"orchard-test-{secrets.token_hex(3)}"
-    config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
-                              agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
-                              bundle_cache_dir=home / "cache", pod_pids_limit=POD_PIDS_LIMIT)
-    monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
-    scripted.load(SCRIPT, loop=True)  # one rollout at a time, so each gets the script from its start
-    tasks = [Task(id=f"chat-{n}", instruction="chat", grader=ScriptGrader(script="grep -qx hello hello.txt"),
-                  environment=TaskEnvironment(image="localhost/orchard-base:local", workdir="/workspace"))
-             for n in range(3)]
-    api = load_api_client(kubeconfig)
-    try:
+    with k8s_run(home, TINY) as config:
+        monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
+        scripted.load(SCRIPT, loop=True)  # one rollout at a time, so each gets the script from its start
+        tasks = [Task(id=f"chat-{n}", instruction="chat", grader=ScriptGrader(script="grep -qx hello hello.txt"),
+                      environment=TaskEnvironment(image="localhost/orchard-base:local", workdir="/workspace"))
+                 for n in range(3)]
         out = tmp_path / "k8s"
         results = await run_eval(harness="cli", model=SCRIPTED, suite=TaskSuite(name="k8s-cli", tasks=tasks),
                                  out_dir=out, parallel=1, gateway_config=scripted_config(scripted),
@@ -293,9 +273,3 @@ async def test_on_kubernetes_three_rollouts_rebuilt_from_the_gateway(tmp_path, h
             assert [step.source for step in trajectory.steps] == ["system", "user", "agent", "agent"]
             assert trajectory.steps[2].observation.results[0].content == "hello\n"
             validate_atif(to_atif(trajectory))
-        assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
-    finally:
-        try:
-            client.CoreV1Api(api).delete_namespace(namespace)
-        finally:
-            api.close()

@@ -7,7 +7,6 @@ trajectory is checked against the gateway's records (no step invented) and expor
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,52 +14,32 @@ import pytest
 from tests.hang_guard import returns
 from orchard.eval.run_config import TrialTimeouts
 from orchard.core.atif import to_atif
-from orchard.core.harness_bundle import get_bundle_spec
-from orchard.core.jsonl import read_jsonl
 from orchard.core.trajectory import Agent, Trajectory
-from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
 from orchard.eval.suites import load_suite
-from orchard.gateway.config import GatewayConfig, ModelRoute
+from orchard.gateway.config import GatewayConfig
 from orchard.harnesses.kimi_cli.convert import KimiLog, parse_jsonl, trajectory_from_log
 from tests.atif_spec import validate_atif
 from tests.harness_rig import ORACLE_SAMPLE, SCRIPTED, scripted_config
+from tests.in_sandbox_harness_rig import (check_step_is_reply, home_fixtures, k8s_run, replies_by_id, run_trajectories,
+                                          unreachable_model)
 
 pytestmark = pytest.mark.slow
 TASK = "orchard__pagekit-112"
 
 
-@pytest.fixture(scope="session")
-def kimi_home(tmp_path_factory, session_bundles) -> Path:
-    """An Orchard home whose cache (the session's) holds the kimi-cli bundle, built once (~30 s; downloads
-    kept)."""
-    return session_bundles.home(tmp_path_factory.mktemp("kimi-home"), "kimi-cli")
-
-
-@pytest.fixture
-def home(kimi_home, monkeypatch) -> Path:
-    monkeypatch.setenv("ORCHARD_HOME", str(kimi_home))
-    return kimi_home
-
-
-def _trajectories(out: Path) -> list[Trajectory]:
-    return list(read_jsonl(out / TRAJECTORIES_FILE, allow_interrupted_tail=False))
+bundle_home, home = home_fixtures("kimi-cli")  # the bundle built once per session (~30 s; downloads kept)
 
 
 def check_fidelity(trajectory: Trajectory) -> None:
     """Every agent step Kimi took (not a copy a compaction repeated), its subagents' too, is one gateway call's
     reply, found by the response id Kimi logged: same text, same tool calls; the whole exports to valid ATIF."""
-    by_response = {call.response["id"]: call for call in trajectory.llm_calls if call.response}
+    by_response = replies_by_id(trajectory)
     for step in _own_agent_steps(trajectory):
         call = by_response[step.extra["response_id"]]
         if step in trajectory.steps:  # the evaluator links the main agent's steps to their calls
             assert step.llm_call_ids == [call.id]
-        message = call.response["choices"][0]["message"]
-        assert step.message == (message.get("content") or "")
-        assert [(c.tool_call_id, c.function_name, c.raw_arguments) for c in step.tool_calls] == [
-            (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
-        for call in step.tool_calls:  # every call has its result
-            assert call.tool_call_id in [r.source_call_id for r in step.observation.results]
+        check_step_is_reply(step, call)
     validate_atif(to_atif(trajectory))
 
 
@@ -77,7 +56,7 @@ async def test_the_oracle_resolves_swe_mini_through_kimis_own_shell_tool(home, t
                              out_dir=out, parallel=len(ORACLE_SAMPLE), gateway_config=GatewayConfig(), backend="local")
     assert [row.status for row in results.tasks] == ["resolved"] * len(ORACLE_SAMPLE), [r.error for r in results.tasks]
     assert sorted(row.task_id for row in results.tasks) == sorted(ORACLE_SAMPLE)
-    for trajectory in _trajectories(out):
+    for trajectory in run_trajectories(out):
         assert trajectory.exit_status == "submitted"
         assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["Shell"] * 3
         check_fidelity(trajectory)
@@ -102,7 +81,7 @@ async def test_a_subagent_and_a_compaction_from_the_scripted_model(home, tmp_pat
     out = tmp_path / "plain"
     await run_eval(harness="kimi-cli", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
                    gateway_config=scripted_config(scripted), backend="local")
-    (plain,) = _trajectories(out)
+    (plain,) = run_trajectories(out)
     assert plain.exit_status == "submitted" and plain.outcome.error is None
     assert [s.source for s in plain.steps] == ["system", "user", "user", "agent"]  # prompt, task, afk note, reply
     task = next(task for task in load_suite("swe-mini").tasks if task.id == TASK)
@@ -125,7 +104,7 @@ async def test_a_subagent_and_a_compaction_from_the_scripted_model(home, tmp_pat
     results = await run_eval(harness="kimi-cli", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
                              gateway_config=scripted_config(scripted), backend="local",
                              harness_options={"max_context_size": first_prompt + 75_000})
-    (trajectory,) = _trajectories(out)
+    (trajectory,) = run_trajectories(out)
     assert (results.tasks[0].status, trajectory.exit_status) == ("failed", "submitted")  # nothing was fixed
     assert trajectory.extra["kimi_compactions"] == 1
     check_fidelity(trajectory)
@@ -160,7 +139,7 @@ async def test_failures_are_errors_with_kimis_own_words(home, tmp_path, scripted
                                      timeouts=TrialTimeouts(agent_s=35)), "a run whose agent hangs in a command",
                             within_s=300)
     (row,) = results.tasks
-    (killed,) = _trajectories(out)
+    (killed,) = run_trajectories(out)
     assert row.status == "error" and killed.exit_status == "timeout" and killed.partial, (row, killed.outcome)
     assert "killed with its process group" in killed.outcome.error
     # the reply whose command was running is in the wire log only (Kimi writes it to its context afterwards)
@@ -176,16 +155,11 @@ async def test_failures_are_errors_with_kimis_own_words(home, tmp_path, scripted
     (row,) = results.tasks
     assert row.status == "error" and "exited with code 1" in row.error, row.error
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()[1]
-    down = GatewayConfig(models={"down": ModelRoute(model="openai/down", api_base=f"http://127.0.0.1:{dead}/v1",
-                                                    api_key="unused")})
     out = tmp_path / "down"
     results = await run_eval(harness="kimi-cli", model="down", suite="swe-mini", task_ids=[TASK], out_dir=out,
-                             gateway_config=down, backend="local")
+                             gateway_config=unreachable_model("down"), backend="local")
     (row,) = results.tasks
-    (failed,) = _trajectories(out)
+    (failed,) = run_trajectories(out)
     assert row.status == "error" and failed.exit_status == "model_error", row.error
     assert "model calls failed" in failed.outcome.error
 
@@ -221,44 +195,22 @@ async def test_on_kubernetes_three_tasks_in_pods(home, tmp_path, monkeypatch, sc
     """The same harness in Pods of the dev cluster, on a busybox image with no Python (Kimi's Shell falls back to
     its /bin/sh): the bundle copied from its injector image, the run's gateway at the node's address, one
     rollout at a time so each gets the script from its start."""
-    import secrets
-
-    from kubernetes import client
-
     from orchard.core.task import ScriptGrader, Task, TaskEnvironment
     from orchard.core.task_suite import TaskSuite
-    from orchard.sandbox.backends.kubernetes.client import load_api_client
-    from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
-    from orchard.sandbox.backends.kubernetes.images import import_injector_image
-    from orchard.sandbox.backends.kubernetes.harness_images import import_harness_image
-    from orchard.sandbox.harness_bundles.store import read_built
-    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
+    from tests.k8s_cluster import NODE_IP
 
-    kubeconfig = require_cluster()
-    import_harness_image(CLUSTER_SCRIPT, read_built(home / "cache", get_bundle_spec("kimi-cli")))
-    namespace = f"orchard-test-{secrets.token_hex(3)}"
-    config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
-                              agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
-                              bundle_cache_dir=home / "cache", pod_pids_limit=POD_PIDS_LIMIT)
-    monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
-    scripted.load([{"content": "Write it.", "tool_calls": [{"name": "Shell", "arguments": {
-        "command": "echo hello > hello.txt"}}]}, {"content": "Done."}], loop=True)
-    tasks = [Task(id=f"hello-{n}", instruction="Write hello into hello.txt.",
-                  grader=ScriptGrader(script="grep -qx hello hello.txt"),
-                  environment=TaskEnvironment(image="localhost/orchard-base:local", workdir="/workspace"))
-             for n in range(3)]
-    api = load_api_client(kubeconfig)
-    try:
+    with k8s_run(home, "kimi-cli") as config:
+        monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
+        scripted.load([{"content": "Write it.", "tool_calls": [{"name": "Shell", "arguments": {
+            "command": "echo hello > hello.txt"}}]}, {"content": "Done."}], loop=True)
+        tasks = [Task(id=f"hello-{n}", instruction="Write hello into hello.txt.",
+                      grader=ScriptGrader(script="grep -qx hello hello.txt"),
+                      environment=TaskEnvironment(image="localhost/orchard-base:local", workdir="/workspace"))
+                 for n in range(3)]
         out = tmp_path / "k8s"
         results = await run_eval(harness="kimi-cli", model=SCRIPTED, suite=TaskSuite(name="k8s-kimi", tasks=tasks),
                                  out_dir=out, parallel=1, gateway_config=scripted_config(scripted), backend=config)
         assert [row.status for row in results.tasks] == ["resolved"] * 3, [row.error for row in results.tasks]
-        for trajectory in _trajectories(out):
+        for trajectory in run_trajectories(out):
             assert [s.message for s in trajectory.steps if s.source == "agent"] == ["Write it.", "Done."]
             check_fidelity(trajectory)
-        assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
-    finally:
-        try:
-            client.CoreV1Api(api).delete_namespace(namespace)
-        finally:
-            api.close()

@@ -7,64 +7,42 @@ trajectory is checked against the gateway's records (no step invented) and expor
 
 from __future__ import annotations
 
-import socket
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.hang_guard import returns
 from orchard.eval.run_config import TrialTimeouts
 from orchard.core.atif import to_atif
-from orchard.core.harness_bundle import get_bundle_spec
-from orchard.core.jsonl import read_jsonl
 from orchard.core.trajectory import Trajectory
-from orchard.eval.results import TRAJECTORIES_FILE
 from orchard.eval.runner import run_eval
-from orchard.gateway.config import GatewayConfig, ModelRoute
+from orchard.gateway.config import GatewayConfig
 from tests.atif_spec import validate_atif
 from tests.harness_rig import ORACLE_SAMPLE, SCRIPTED, scripted_config
+from tests.in_sandbox_harness_rig import (check_step_is_reply, home_fixtures, k8s_run, replies_by_id, run_trajectories,
+                                          unreachable_model)
 
 pytestmark = pytest.mark.slow
 TASK = "orchard__pagekit-112"
 OPENHANDS_TOOLS = {"terminal", "file_editor", "task_tracker", "finish", "think"}
 
 
-@pytest.fixture(scope="session")
-def openhands_home(tmp_path_factory, session_bundles) -> Path:
-    """An Orchard home whose cache (the session's) holds the openhands bundle, built once (a minute or two; the
-    downloads are kept between sessions)."""
-    return session_bundles.home(tmp_path_factory.mktemp("openhands-home"), "openhands")
-
-
-@pytest.fixture
-def home(openhands_home, monkeypatch) -> Path:
-    monkeypatch.setenv("ORCHARD_HOME", str(openhands_home))
-    return openhands_home
-
-
-def _trajectories(out: Path) -> list[Trajectory]:
-    return list(read_jsonl(out / TRAJECTORIES_FILE, allow_interrupted_tail=False))
+bundle_home, home = home_fixtures("openhands")  # the bundle built once per session (a minute or two)
 
 
 def check_fidelity(trajectory: Trajectory) -> None:
     """Every agent step is one gateway call's reply, found by the response id OpenHands logged and linked to
     that call: same text, same tool calls as the model wrote them, the call's tokens; every tool call has its
     result; the whole exports to valid ATIF."""
-    by_response = {call.response["id"]: call for call in trajectory.llm_calls if call.response}
+    by_response = replies_by_id(trajectory)
     agent_steps = [step for step in trajectory.steps if step.source == "agent"]
     assert len(agent_steps) == len(trajectory.llm_calls)  # no step invented, none missing
     for step in agent_steps:
         call = by_response[step.extra["response_id"]]
         assert step.llm_call_ids == [call.id]
-        message = call.response["choices"][0]["message"]
-        assert step.message == (message.get("content") or "")
-        assert [(c.tool_call_id, c.function_name, c.raw_arguments) for c in step.tool_calls] == [
-            (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+        check_step_is_reply(step, call)
         if step.metrics is not None:  # the usage the SDK read from the response (the oracle reports none)
             assert step.metrics.prompt_tokens == call.prompt_tokens
-        for tool_call in step.tool_calls:
-            assert tool_call.tool_call_id in [r.source_call_id for r in step.observation.results]
     assert {tool["function"]["name"] for tool in trajectory.agent.tool_definitions} == OPENHANDS_TOOLS
     validate_atif(to_atif(trajectory))
 
@@ -75,7 +53,7 @@ async def test_the_oracle_resolves_swe_mini_through_openhands_own_tools(home, tm
                              out_dir=out, parallel=len(ORACLE_SAMPLE), gateway_config=GatewayConfig(), backend="local")
     assert [row.status for row in results.tasks] == ["resolved"] * len(ORACLE_SAMPLE), [r.error for r in results.tasks]
     assert sorted(row.task_id for row in results.tasks) == sorted(ORACLE_SAMPLE)
-    for trajectory in _trajectories(out):
+    for trajectory in run_trajectories(out):
         assert trajectory.exit_status == "submitted" and not trajectory.partial
         assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["terminal", "terminal", "finish"]
         assert [s.source for s in trajectory.steps] == ["system", "user", "agent", "agent", "agent"]
@@ -114,7 +92,7 @@ async def test_the_scripted_model_fixes_a_task_with_parallel_calls_and_the_file_
         "logprobs": True, "extra_body": {"return_token_ids": True}}})})
     results = await run_eval(harness="openhands", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
                              gateway_config=tokens, backend="local")
-    (trajectory,) = _trajectories(out)
+    (trajectory,) = run_trajectories(out)
     assert (results.tasks[0].status, trajectory.exit_status) == ("resolved", "submitted"), results.tasks[0].error
     check_fidelity(trajectory)
     agent = [step for step in trajectory.steps if step.source == "agent"]
@@ -142,7 +120,7 @@ async def test_a_driver_hanging_past_its_time_is_the_agents_timeout(home, tmp_pa
                                      timeouts=TrialTimeouts(agent_s=30)), "a run whose agent hangs in a command",
                             within_s=300)
     (row,) = results.tasks
-    (hung,) = _trajectories(out)
+    (hung,) = run_trajectories(out)
     assert row.status == "error" and hung.exit_status == "timeout" and hung.partial, (row, hung.outcome)
     assert "the OpenHands driver ran past its" in hung.outcome.error  # the adapter's kill, not the cut-off
     assert "its process group was killed" in hung.outcome.error and "copied out" not in hung.outcome.error
@@ -160,7 +138,7 @@ async def test_failures_are_errors_with_the_drivers_stderr(home, tmp_path, scrip
     results = await run_eval(harness="openhands", model=SCRIPTED, suite="swe-mini", task_ids=[TASK], out_dir=out,
                              gateway_config=scripted_config(scripted), backend="local")
     (row,) = results.tasks
-    (killed,) = _trajectories(out)
+    (killed,) = run_trajectories(out)
     assert row.status == "error" and killed.exit_status == "agent_error" and killed.partial, row.error
     assert "the OpenHands driver exited with code 137" in row.error
     assert [c.function_name for s in killed.steps for c in s.tool_calls] == ["terminal"]
@@ -172,16 +150,12 @@ async def test_failures_are_errors_with_the_drivers_stderr(home, tmp_path, scrip
     (row,) = results.tasks
     assert row.status == "error" and "exited with code 1" in row.error and "ValidationError" in row.error, row.error
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()[1]
-    down = GatewayConfig(models={"down": ModelRoute(model="openai/down", api_base=f"http://127.0.0.1:{dead}/v1",
-                                                    api_key="unused")})
     out = tmp_path / "down"
     results = await run_eval(harness="openhands", model="down", suite="swe-mini", task_ids=[TASK], out_dir=out,
-                             gateway_config=down, backend="local", harness_options={"model_retries": 0})
+                             gateway_config=unreachable_model("down"), backend="local",
+                             harness_options={"model_retries": 0})
     (row,) = results.tasks
-    (failed,) = _trajectories(out)
+    (failed,) = run_trajectories(out)
     assert row.status == "error" and failed.exit_status == "model_error", row.error
     assert "the OpenHands conversation failed" in failed.outcome.error
 
@@ -191,49 +165,28 @@ async def test_on_kubernetes_three_tasks_in_pods(home, tmp_path, monkeypatch, sc
     """The same harness in Pods of the dev cluster, on its Debian image (swe-mini's tasks need the host image):
     the bundle copied from its injector image, the run's gateway at the node's address, one rollout at a time
     so each gets the script from its start."""
-    import secrets
-
-    from kubernetes import client
-
     from orchard.core.task import ScriptGrader, Task, TaskEnvironment
     from orchard.core.task_suite import TaskSuite
-    from orchard.sandbox.backends.kubernetes.client import load_api_client
-    from orchard.sandbox.backends.kubernetes.config import KubernetesConfig
-    from orchard.sandbox.backends.kubernetes.images import import_injector_image
-    from orchard.sandbox.backends.kubernetes.harness_images import import_harness_image
-    from orchard.sandbox.harness_bundles.store import read_built
-    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, POD_PIDS_LIMIT, require_cluster
+    from tests.k8s_cluster import CLUSTER_SCRIPT, NODE_IP, require_cluster
 
-    kubeconfig = require_cluster()
+    require_cluster()  # skips before the Debian image is built when no cluster answers
     # OpenHands' terminal needs bash, which the busybox base image lacks: the dev cluster's Debian image
     # (debootstrap the first time, ~70 s, then cached: an import of a second or two)
     subprocess.run(["bash", str(CLUSTER_SCRIPT), "images", "--debian"], check=True, capture_output=True)
-    import_harness_image(CLUSTER_SCRIPT, read_built(home / "cache", get_bundle_spec("openhands")))
-    namespace = f"orchard-test-{secrets.token_hex(3)}"
-    config = KubernetesConfig(namespace=namespace, instance=f"t{secrets.token_hex(4)}", image_pull_policy="Never",
-                              agent_image=import_injector_image(CLUSTER_SCRIPT), kubeconfig=kubeconfig,
-                              bundle_cache_dir=home / "cache", pod_pids_limit=POD_PIDS_LIMIT)
-    monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
-    scripted.load([{"content": "Write it.", "tool_calls": [{"name": "terminal", "arguments": {
-        "command": "echo hello > hello.txt"}}]},
-        {"content": "", "tool_calls": [{"name": "finish", "arguments": {"message": "Written."}}]}], loop=True)
-    tasks = [Task(id=f"hello-{n}", instruction="Write hello into hello.txt.",
-                  grader=ScriptGrader(script="grep -qx hello hello.txt"),
-                  environment=TaskEnvironment(image="localhost/orchard-debian:local", workdir="/workspace"))
-             for n in range(3)]
-    api = load_api_client(kubeconfig)
-    try:
+    with k8s_run(home, "openhands") as config:
+        monkeypatch.setenv("ORCHARD_GATEWAY_HOST", NODE_IP)
+        scripted.load([{"content": "Write it.", "tool_calls": [{"name": "terminal", "arguments": {
+            "command": "echo hello > hello.txt"}}]},
+            {"content": "", "tool_calls": [{"name": "finish", "arguments": {"message": "Written."}}]}], loop=True)
+        tasks = [Task(id=f"hello-{n}", instruction="Write hello into hello.txt.",
+                      grader=ScriptGrader(script="grep -qx hello hello.txt"),
+                      environment=TaskEnvironment(image="localhost/orchard-debian:local", workdir="/workspace"))
+                 for n in range(3)]
         out = tmp_path / "k8s"
         results = await run_eval(harness="openhands", model=SCRIPTED, suite=TaskSuite(name="k8s-openhands",
                                                                                       tasks=tasks),
                                  out_dir=out, parallel=1, gateway_config=scripted_config(scripted), backend=config)
         assert [row.status for row in results.tasks] == ["resolved"] * 3, [row.error for row in results.tasks]
-        for trajectory in _trajectories(out):
+        for trajectory in run_trajectories(out):
             assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["terminal", "finish"]
             check_fidelity(trajectory)
-        assert client.CoreV1Api(api).list_namespaced_pod(namespace).items == []
-    finally:
-        try:
-            client.CoreV1Api(api).delete_namespace(namespace)
-        finally:
-            api.close()
