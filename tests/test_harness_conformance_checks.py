@@ -12,16 +12,8 @@ import pytest
 
 from orchard.core.errors import SandboxLost
 from orchard.core.run_status import PhaseRecord
-from orchard.core.trajectory import (
-    Agent,
-    LLMCall,
-    Observation,
-    ObservationResult,
-    Outcome,
-    Step,
-    ToolCall,
-    Trajectory,
-)
+from orchard.core.trajectory import (Agent, LLMCall, Observation, ObservationResult, Outcome, Step, ToolCall,
+                                     Trajectory)
 from orchard.testing.harness_conformance import ConformanceRun, HarnessConformance, LostSandboxRun
 from orchard.testing.harness_conformance.model import LOGPROB
 from orchard.testing.harness_conformance.scenarios import DEADLINE, MODEL_ERROR, SOLVE

@@ -18,15 +18,8 @@ from orchard.core.errors import InvalidRequest
 from orchard.core.harness import ModelConfig, get_harness
 from orchard.harnesses.mini_swe_agent import MiniSweAgentHarness
 from orchard.sandbox.client import AsyncOrchard
-from tests.harness_rig import (
-    assert_valid_and_linked,
-    grade,
-    model_config,
-    normalized,
-    swe_mini_task,
-    task_sandbox,
-    tool_calls,
-)
+from tests.harness_rig import (assert_valid_and_linked, grade, model_config, normalized, swe_mini_task, task_sandbox,
+                               tool_calls)
 from tests.running_server import free_port
 
 TASK_ID = "orchard__pagekit-112"

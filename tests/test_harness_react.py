@@ -20,16 +20,8 @@ from orchard.harnesses.react import ReActHarness
 from orchard.harnesses.react.tools import TOOL_NAMES, SandboxTools, truncate_middle
 from orchard.sandbox.client import AsyncOrchard
 from orchard.testing.memory_sandbox import MemorySandbox
-from tests.harness_rig import (
-    assert_recorded,
-    assert_valid_and_linked,
-    grade,
-    model_config,
-    normalized,
-    swe_mini_task,
-    task_sandbox,
-    tool_calls,
-)
+from tests.harness_rig import (assert_recorded, assert_valid_and_linked, grade, model_config, normalized, swe_mini_task,
+                               task_sandbox, tool_calls)
 from tests.running_server import free_port
 
 TASK_ID = "orchard__pagekit-112"

@@ -21,15 +21,7 @@ from orchard.core.errors import ModelError, OrchardError
 from orchard.core.harness import ModelConfig
 from orchard.core.sandbox import Sandbox
 from orchard.core.task import Task
-from orchard.core.trajectory import (
-    Agent,
-    Observation,
-    ObservationResult,
-    Outcome,
-    Step,
-    ToolCall,
-    Trajectory,
-)
+from orchard.core.trajectory import Agent, Observation, ObservationResult, Outcome, Step, ToolCall, Trajectory
 from orchard.util.shell_forms import shell_command
 
 NAME, VERSION = "shelly", "0.1.0"
