@@ -1,12 +1,16 @@
 """A named set of tasks, stored as a directory:
 
     my-suite/
-      suite.json     {"name": "my-suite", "description": "...", "format": "orchard"}   (optional)
+      suite.json     {"name": "my-suite", "description": "...", "format": "orchard",
+                      "pass_threshold": 1.0}                                          (optional)
       tasks.jsonl    one task per line
 
 With `"format": "orchard"` (the default) each line is a `Task` in JSON; with `"format": "swebench"` each
 line is a SWE-bench instance (as the dataset's JSONL export has them), turned into a task by
-`Task.from_swebench`. Without suite.json the suite is named after its directory."""
+`Task.from_swebench`. Without suite.json the suite is named after its directory.
+
+A rollout's reward is in [0, 1] (SWE tasks: 0 or 1); it is resolved when the reward is at least the suite's
+`pass_threshold` (default 1.0: only a full reward passes; a suite of partial scores may pass at, say, 0.8)."""
 
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class SuiteManifest(BaseModel):
     name: str = Field(min_length=1)
     description: str = ""
     format: Literal["orchard", "swebench"] = "orchard"
+    pass_threshold: float = Field(default=1.0, gt=0, le=1, description="the least reward that resolves a task")
 
 
 class TaskSuite(BaseModel):
@@ -38,6 +43,7 @@ class TaskSuite(BaseModel):
 
     name: str = Field(min_length=1)
     description: str = ""
+    pass_threshold: float = Field(default=1.0, gt=0, le=1, description="the least reward that resolves a task")
     tasks: list[Task] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -78,7 +84,8 @@ class TaskSuite(BaseModel):
                                          f'{{"format": "swebench"}} in {directory / MANIFEST_FILE}') from None
                 raise
         try:
-            return cls(name=manifest.name, description=manifest.description, tasks=tasks)
+            return cls(name=manifest.name, description=manifest.description,
+                       pass_threshold=manifest.pass_threshold, tasks=tasks)
         except ValidationError as exc:
             raise InvalidRequest(f"{directory}: {first_problem(exc, 'suite')}") from None
 
@@ -87,7 +94,7 @@ class TaskSuite(BaseModel):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_jsonl(directory / TASKS_FILE, self.tasks)
-        manifest = SuiteManifest(name=self.name, description=self.description)
+        manifest = SuiteManifest(name=self.name, description=self.description, pass_threshold=self.pass_threshold)
         atomic_write_bytes(directory / MANIFEST_FILE, (manifest.model_dump_json(indent=2) + "\n").encode())
 
 

@@ -8,9 +8,11 @@
   sandbox WITHOUT the agent's patch (the control run): if they run there, the agent's patch broke them — a
   failed attempt; if they fail there too, the grading environment is broken and a GraderError is raised —
   never counted against the agent (a gold patch was once graded "failed" that way).
-- Script (`ScriptGrader`): run the script in the agent's own sandbox after it finished; resolved when it
-  exits 0, reward from `reward_file` when given. A script that cannot be started (exit 126/127) is a
-  GraderError.
+- Script (`ScriptGrader`): run the script in the agent's own sandbox after it finished. Without a
+  `reward_file` it is resolved when it exits 0 (reward 1.0, else 0.0); with one, the reward is the number in
+  that file, in [0, 1], and the rollout is resolved when the reward is at least the run's pass threshold (a
+  partial score: 0.6 of the checks passed resolves a task only where the suite passes at 0.6). A script that
+  cannot be started (exit 126/127) is a GraderError.
 
 A sandbox that fails while grading raises (an OrchardError): the runner records that as a grader error."""
 
@@ -83,8 +85,9 @@ async def _run_in_fresh_sandbox(orch: SandboxFactory, task: Task, patch: str, la
     return run
 
 
-async def grade_script(sandbox: Sandbox, task: Task) -> Outcome:
-    """Run a ScriptGrader's script in the agent's sandbox (where the agent's work is)."""
+async def grade_script(sandbox: Sandbox, task: Task, *, pass_threshold: float = 1.0) -> Outcome:
+    """Run a ScriptGrader's script in the agent's sandbox (where the agent's work is). With a reward file,
+    resolved = reward ≥ `pass_threshold`."""
     grader = task.grader
     if not isinstance(grader, ScriptGrader):
         raise InvalidRequest(f"task {task.id} has no script grader")
@@ -98,6 +101,8 @@ async def grade_script(sandbox: Sandbox, task: Task) -> Outcome:
     reward = 1.0 if resolved else 0.0
     if grader.reward_file is not None:
         reward, details["reward_file"] = await _read_reward(sandbox, grader.reward_file)
+        resolved = reward >= pass_threshold
+        details["pass_threshold"] = pass_threshold
     return Outcome(resolved=resolved, reward=reward, details=details)
 
 
@@ -108,6 +113,9 @@ async def _read_reward(sandbox: Sandbox, path: str) -> tuple[float, str]:
     if probe.exit_code != 0:
         return 0.0, f"missing: {probe.stderr.strip()[:200]}"
     try:
-        return float(probe.stdout.strip()), "read"
+        reward = float(probe.stdout.strip())
     except ValueError:
         return 0.0, f"not a number: {probe.stdout.strip()[:80]!r}"
+    if not 0.0 <= reward <= 1.0:  # NaN included
+        return 0.0, f"not a reward in [0, 1]: {probe.stdout.strip()[:80]!r}"
+    return reward, "read"

@@ -1,8 +1,9 @@
 """An evaluation's configuration: everything that decides what a rollout does, and so the key a run is
 resumed by. Two runs whose configurations differ in anything — a harness option such as `--max-steps`,
-the harness's version, sampling, the suite's content, a timeout — are different experiments: resuming one
-into the other's output directory is refused, naming what differs. Which tasks are selected and how many
-run at once are not part of it (a resumed run may add tasks).
+the harness's version, sampling, the suite's content, a timeout, the pass threshold — are different
+experiments: resuming one into the other's output directory is refused, naming what differs. Which tasks are
+selected, how many attempts each gets and how many run at once are not part of it (a resumed run may add
+tasks and attempts).
 
 The configuration is written as OUT/config.json beside the results."""
 
@@ -52,6 +53,8 @@ class EvalConfig(BaseModel):
     suite: str = Field(description="the suite's name")
     suite_hash: str | None = Field(default=None, description="sha256 of every task of the suite, as loaded")
     timeouts: TrialTimeouts = Field(default_factory=TrialTimeouts)
+    pass_threshold: float = Field(default=1.0, gt=0, le=1, description=(
+        "a rollout is resolved when its reward is at least this (the suite's, or --pass-threshold)"))
 
     def differences(self, other: EvalConfig) -> list[str]:
         """`field: this -> other` for every field that differs."""

@@ -92,12 +92,13 @@ def load_local_swe_suite(directory: str | Path) -> TaskSuite:
     directory = Path(directory)
     instances = read_jsonl(directory / TASKS_FILE, SWEBenchInstance, allow_interrupted_tail=False)
     tasks = [local_swe_task(instance, directory / REPOS_DIR / instance.instance_id) for instance in instances]
-    name, description = directory.resolve().name, ""
+    name, description, threshold = directory.resolve().name, "", 1.0
     manifest = directory / MANIFEST_FILE
     if manifest.is_file():
         data = json.loads(manifest.read_text(encoding="utf-8"))
         name, description = data.get("name", name), data.get("description", "")
-    return TaskSuite(name=name, description=description, tasks=tasks)
+        threshold = data.get("pass_threshold", threshold)
+    return TaskSuite(name=name, description=description, pass_threshold=threshold, tasks=tasks)
 
 
 def local_swe_task(instance: SWEBenchInstance, repo_dir: Path) -> Task:

@@ -82,6 +82,7 @@ class TrialRig:
     labels: dict[str, str] = field(default_factory=dict)
     bundle: str | None = None  # the harness runs inside the sandbox from this harness bundle (in_sandbox.py)
     out_dir: Path | None = None  # the run's directory: a harness's native logs are kept under it (native_logs.py)
+    pass_threshold: float = 1.0  # a script grader's reward resolves the task from this on (grading.py)
 
 
 class PhaseFailed(Exception):
@@ -287,7 +288,9 @@ class Trial:
                 trajectory.outcome = Outcome(resolved=False, reward=0.0, details={"patch_error": str(failure)})
         elif isinstance(grader, ScriptGrader):
             trajectory.outcome = await self._phase("verify", self.rig.timeouts.verify_s,
-                                                   lambda: grade_script(sandbox, self.task), on_error=grader_status)
+                                                   lambda: grade_script(sandbox, self.task,
+                                                                        pass_threshold=self.rig.pass_threshold),
+                                                   on_error=grader_status)
         cpu_after = await _cpu_seconds(sandbox)
         if cpu_before is not None and cpu_after is not None:
             self.cpu_s = max(0.0, cpu_after - cpu_before)
