@@ -31,7 +31,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/harness-conformance.md": {"tests/test_harness_conformance.py": {"in-file"}},
     "docs/models.md": {"tests/test_model_registry.py": {"model-module", "model-entry-point", "model-cli"},
                        PAGES_MODULE: {"cli", "yaml"}},
-    "docs/evaluation.md": {"tests/test_trial.py": {"cli"}},
+    "docs/evaluation.md": {"tests/test_trial.py": {"cli"}, "tests/test_eval_attempts.py": {"python"}},
     "docs/cross-harness.md": {"tests/test_study.py": {"cli", "study-run", "python"}},
     "docs/trajectory.md": {"tests/test_trajectory.py": {"python"}, PAGES_MODULE: {"fields"}},
     "docs/agent-protocol.md": {PAGES_MODULE: {"agent-start"}},

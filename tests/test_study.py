@@ -15,6 +15,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from orchard.cli.main import app
+from orchard.eval.estimators import wilson_interval
 from orchard.eval.matrix import bootstrap_interval, matrix_rows, paired_difference
 from orchard.eval.results import (EvalResults, EvalSettings, EvalSummary, TaskResult, read_results, read_trajectories,
                                   write_results)
@@ -109,7 +110,7 @@ def test_the_matrix_counts_errors_apart_and_averages_over_attempts():
     assert (cell.tasks, cell.finished, cell.attempts, cell.resolved, cell.failed, cell.errors, cell.pending) == (
         5, 3, 3, 2, 1, 1, 1)
     assert cell.resolve_rate == pytest.approx(2 / 3)
-    assert cell.interval == bootstrap_interval([True, False, True])
+    assert cell.interval == wilson_interval(2, 3)  # the 3 tasks the sample
     assert (cell.mean_steps, cell.mean_tokens, cell.mean_wall_s) == (4.0, 200.0, 3.0)  # the error left out
     assert cell.wall_time_s == 15.0
     assert (broken.finished, broken.errors, broken.resolve_rate, broken.interval, broken.mean_steps) == (
@@ -193,9 +194,12 @@ def test_runs_of_one_configuration_on_the_same_tasks_are_attempts_of_those_tasks
     assert (row.tasks, row.finished, row.attempts, row.attempts_per_task, row.resolved, row.runs) == (
         6, 6, 12, 2.0, 3, [0, 1])
     assert row.resolve_rate == pytest.approx((1 + 0.5) / 6)  # the mean over tasks of each task's rate
-    # the bootstrap resamples the 6 tasks (each with its rate), not 12 rollouts
-    assert row.interval == bootstrap_interval([1.0, 0.5, 0, 0, 0, 0])
-    assert row.interval != bootstrap_interval([True, True, True] + [False] * 9)
+    # the interval's sample is the 6 tasks (the rate 1.5 of 6), not 12 rollouts
+    assert row.interval == wilson_interval(1.5, 6)
+    assert row.interval != wilson_interval(3, 12)
+    # 2 attempts a task: pass@2 (t0, t1 resolved at least once) and pass^2 (t0 both times), over 6 tasks
+    assert [(entry.k, entry.pass_at_k, entry.pass_hat_k) for entry in row.pass_k] == [
+        (1, pytest.approx(0.25), pytest.approx(0.25)), (2, pytest.approx(2 / 6), pytest.approx(1 / 6))]
 
     output, html = _report(tmp_path, first, again)
     (line,) = _matrix_lines(output)
@@ -271,13 +275,14 @@ def test_the_docs_small_study_runs_as_written_and_resumes(tmp_path, monkeypatch,
     result = _invoke(report_line)
     assert result.exit_code == 0, f"docs/cross-harness.md:{line}: {result.output}"
     for harness in ("react", "mini-swe-agent"):
-        assert re.search(rf"{harness}\s.*oracle\s.*2/2\s.*100%\s.*100%–100%", result.output), result.output
+        # 2 of 2 tasks: the Wilson interval is 34%–100%, not a point at 100%
+        assert re.search(rf"{harness}\s.*oracle\s.*2/2\s.*100%\s.*34%–100%", result.output), result.output
     assert re.search(r"mini-swe-agent\s.*\+0% \[\+0%, \+0%\] vs react", result.output), result.output
     assert "no-such-harness × oracle did not run" in result.output
     html = (out / "report.html").read_text()
     matrix = html[html.index('class="matrix"'):]
-    assert "2 / 2 resolved" in matrix and "95% CI 100%–100%" in matrix
-    assert "percentile bootstrap" in html and "Study cells that did not run" in html
+    assert "2 / 2 resolved" in matrix and "95% CI 34%–100%" in matrix
+    assert "Wilson score interval" in html and "Study cells that did not run" in html
     assert "+0% [+0%, +0%] vs react" in html
     assert "no-such-harness" in html and json.loads((out / "study.json").read_text())["suite"] == "swe-mini"
 

@@ -80,6 +80,16 @@ def eval_command(
     pool: Annotated[int, typer.Option(
         "--pool", min=0, help="Keep N sandboxes of each task template started, so trials claim them instead of "
                               "starting cold (the run's own orchestrator only; see docs/pools.md).")] = 0,
+    attempts: Annotated[int, typer.Option(
+        "--attempts", min=1, help="Finished attempts (resolved or failed) each task gets, for pass@k and pass^k. "
+                                  "A rollout that ends in an error is not an attempt (see --error-retries).")] = 1,
+    error_retries: Annotated[int, typer.Option(
+        "--error-retries", min=0, help="At most N more rollouts per task in this run to replace rollouts that "
+                                       "ended in an error; a task still short of attempts says how many it has, "
+                                       "and re-running the same command runs the missing ones.")] = 0,
+    pass_threshold: Annotated[Optional[float], typer.Option(
+        "--pass-threshold", help="A rollout is resolved when its reward (0 to 1) is at least this; default: the "
+                                 "suite's pass_threshold (suite.json), else 1.0.")] = None,
 ) -> None:
     """Evaluate HARNESS with MODEL on SUITE: one trial per task (sandbox, harness, patch, grading in a fresh
     sandbox).
@@ -89,8 +99,8 @@ def eval_command(
     timeouts) are shown apart and are not counted as attempts; re-running the same command resumes and runs
     them again.
 
-    Exit status: 0 when every task has an agent outcome (resolved or failed); 1 when any rollout ended in
-    an error (unless --allow-errors); 2 for bad usage; 130 when interrupted."""
+    Exit status: 0 when every task has its attempts (resolved or failed rollouts); 1 when a task is short of
+    them because a rollout ended in an error (unless --allow-errors); 2 for bad usage; 130 when interrupted."""
     if ctx.invoked_subcommand is not None:
         return
     missing = [name for name, value in (("--harness", harness), ("--model", model), ("--suite", suite)) if not value]
@@ -115,7 +125,8 @@ def eval_command(
                 harness=harness, model=model, suite=suite, out_dir=target, gateway_config=config,
                 task_ids=_split(tasks), parallel=parallel, harness_options=options,
                 sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), timeouts=timeouts,
-                orchard_url=url, backend=backend, listener=listener, pool=pool))
+                orchard_url=url, backend=backend, listener=listener, pool=pool, attempts=attempts,
+                error_retries=error_retries, pass_threshold=pass_threshold))
     except OrchardError as exc:
         fail_with(exc)
     except KeyboardInterrupt:
@@ -124,9 +135,13 @@ def eval_command(
         raise typer.Exit(130) from None
     print_results(results)
     out.print(f"trajectories and results: {escape(str(target))}")
-    if results.summary.errors and not allow_errors:
-        err.print(f"[yellow]{results.summary.errors} task(s) ended in an error (not an attempt of the agent); run the "
-                  "same command again to retry them, or pass --allow-errors to exit 0 anyway[/]")
+    summary = results.summary
+    lacking = max(summary.errors, summary.short)  # with one attempt per task the same tasks
+    if lacking and not allow_errors:
+        what = "ended in an error" if summary.attempts_per_task == 1 else (
+            f"have fewer than {summary.attempts_per_task} attempts: rollouts ended in an error")
+        err.print(f"[yellow]{lacking} task(s) {what} (not an attempt of the agent); run the same command again to "
+                  "retry them, or pass --allow-errors to exit 0 anyway[/]")
         raise typer.Exit(1)
 
 
@@ -177,6 +192,7 @@ class ProgressListener:
                                  transient=False)
         self.bar = None
         self.step = None
+        self.trials = 0
 
     def __enter__(self) -> ProgressListener:
         self.progress.start()
@@ -195,10 +211,16 @@ class ProgressListener:
         if self.step is not None:
             self.progress.remove_task(self.step)
             self.step = None
-        skipped = results.summary.total - len(to_run)
+        skipped = results.summary.total - len(set(to_run))
         if skipped:
             err.print(f"resuming run {results.run_id}: {skipped} task(s) already finished are skipped")
-        self.bar = self.progress.add_task(escape(self.label), total=len(to_run), counts=self._counts())
+        self.trials = len(to_run)
+        self.bar = self.progress.add_task(escape(self.label), total=self.trials, counts=self._counts())
+
+    def retrying(self, task_id: str) -> None:
+        """A rollout of `task_id` ended in an error and another replaces it: one more trial to wait for."""
+        self.trials += 1
+        self.progress.update(self.bar, total=self.trials)
 
     def task_finished(self, result) -> None:
         self.counts[result.status] += 1

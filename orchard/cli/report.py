@@ -25,9 +25,10 @@ def report(
     First each run with its options (harness options, model settings, the suite's content hash). Then one
     cell per configuration — runs of the same configuration together, a task's rollouts its attempts: tasks,
     attempts per task, the resolve rate (the mean over tasks of each task's resolved ÷ attempts) with its 95%
-    bootstrap confidence interval (over tasks, seeded), errors and tasks not run apart (they are not
-    attempts), and steps, tokens and wall time per attempt. The HTML page adds each run's summary and every
-    task's trajectory (steps, tool calls, observations, errors). No external assets: the file stands alone."""
+    Wilson score interval (the tasks the sample), pass@k and pass^k when tasks have several attempts, errors
+    and tasks not run apart (they are not attempts), and steps, tokens and wall time per attempt. The HTML
+    page adds pass@k and pass^k per task, each run's summary and every task's trajectory (steps, tool calls,
+    observations, errors). No external assets: the file stands alone."""
     from orchard.eval.report import load_runs, unrun_cells, write_report
 
     try:
@@ -63,9 +64,11 @@ def print_matrix(loaded, unrun) -> None:
         console.print(matrix_table(rows))
         console.print("a cell is one configuration (suite content, harness + options, model + settings); tasks: "
                       "tasks attempted, att./task: attempts per task (a task's rollouts over the cell's runs); "
-                      "rate = the mean over tasks of each task's resolved ÷ attempts; CI: 95% percentile "
-                      "bootstrap over tasks (seeded); errors are not attempts; Δ: paired over the tasks both "
-                      "harnesses attempted", style="dim")
+                      "rate = the mean over tasks of each task's resolved ÷ attempts; CI: 95% Wilson score "
+                      "interval, the tasks the sample; pass@k / pass^k: at least one / all of k attempts resolve, "
+                      "unbiased, the mean over tasks (n/a: a task has fewer than k attempts); errors are not "
+                      "attempts; Δ: paired over the tasks both harnesses attempted (percentile bootstrap, "
+                      "seeded)", style="dim")
     for cell in unrun:
         what = f"did not run: {cell.error}" if cell.error else "not run yet"
         console.print(f"[yellow]{escape(cell.harness)} × {escape(cell.model)} {escape(what)}[/]")

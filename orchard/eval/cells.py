@@ -1,7 +1,7 @@
 """What tells the cells of a report apart: a run's resolved configuration (orchard.eval.run_config, the run's
 resume key) is its cell. Two runs are one cell only when every part of it is the same — the suite's content
-(its hash, not its directory's name), the harness with its version and options, the model with its sampling
-settings, the trial timeouts — and then their rollouts of a task are attempts of that task. This module
+(its hash, not its directory's name) and pass threshold, the harness with its version and options, the model
+with its sampling settings, the trial timeouts — and then their rollouts of a task are attempts of that task. This module
 gives the key and the short texts that name a cell's parts in tables (only what differs from the defaults)."""
 
 from __future__ import annotations
@@ -20,16 +20,19 @@ def cell_key(config: EvalConfig) -> str:
     return json.dumps(config.key(), sort_keys=True, separators=(",", ":"))
 
 
-def suite_key(config: EvalConfig) -> tuple[str, str | None]:
-    """A suite is its name and its content's hash: two directories of the same name are two suites."""
-    return config.suite, config.suite_hash
+def suite_key(config: EvalConfig) -> tuple[str, str | None, float]:
+    """A suite is its name, its content's hash and what passes on it: two directories of the same name are two
+    suites, and so is one suite graded at two pass thresholds (its rates are not comparable)."""
+    return config.suite, config.suite_hash, config.pass_threshold
 
 
 def suite_text(config: EvalConfig) -> str:
-    """`swe-mini (sha256 1a2b3c4d5e6f)`; the name alone when the run did not record a hash."""
-    if config.suite_hash is None:
-        return config.suite
-    return f"{config.suite} (sha256 {config.suite_hash[:HASH_CHARS]})"
+    """`swe-mini (sha256 1a2b3c4d5e6f)`, the name alone when the run did not record a hash; `, pass ≥ 0.5` when
+    the pass threshold is not 1."""
+    parts = [f"sha256 {config.suite_hash[:HASH_CHARS]}"] if config.suite_hash is not None else []
+    if config.pass_threshold != 1.0:
+        parts.append(f"pass ≥ {config.pass_threshold:g}")
+    return f"{config.suite} ({', '.join(parts)})" if parts else config.suite
 
 
 def harness_options_text(config: EvalConfig) -> str:

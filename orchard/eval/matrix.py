@@ -1,5 +1,5 @@
-"""The harness × model matrix of a cross-harness study: per cell the resolve rate with a bootstrap confidence
-interval, mean steps, tokens and wall time per attempt, and the errors apart.
+"""The harness × model matrix of a cross-harness study: per cell the resolve rate with its confidence interval,
+pass@k and pass^k, mean steps, tokens and wall time per attempt, and the errors apart.
 
 **A cell is a configuration** (orchard.eval.cells): the suite's content, the harness with its version and
 options, the model with its sampling settings, the timeouts — the runs' resolved configuration, their resume
@@ -11,20 +11,26 @@ failed); errors are not attempts and are counted apart. A task's success rate is
 its attempts, and **the cell's rate is the mean over its attempted tasks of their success rates**: each task
 weighs the same however often it was run (with one attempt per task it is resolved ÷ attempts).
 
-**The interval** is a seeded percentile bootstrap over tasks: the cell's attempted tasks, each with its
-success rate, are resampled with replacement `resamples` times (10,000), each resample's mean rate is
-computed, and the interval runs from the (1 − confidence)/2 to the (1 + confidence)/2 quantile of those
-means (nearest rank). The seed is fixed, so the same runs always give the same interval. It says how much
-the rate could move had the suite held other tasks like these; a task's repeated attempts stay together
-(they are not independent tasks). At 0 % or 100 % every resample gives the same rate and the interval
-collapses to a point: read it then as "too few tasks to tell" (with n tasks all resolved, the true rate can
-still be as low as about 1 − 3/n).
+**Repeated attempts** (`orchard eval --attempts K`, or several runs of one configuration): per task n
+attempts with c resolved give pass@k (at least one of k succeeds) and pass^k (all k succeed), unbiased
+(orchard.eval.estimators); the cell's are the means over its tasks, for k = 1 up to the cell's K (the most
+attempts its runs asked for, or the fewest any task has when every task has more). A k that some task has
+fewer attempts for is "not computable" (None, the tasks short counted), never a mean over the other tasks.
+
+**The interval** of the rate is a Wilson score interval with the tasks as the sample: p = the cell's rate,
+n = its attempted tasks. Unlike a bootstrap it does not collapse at 0 % or 100 % (6 of 6 tasks resolved:
+61 %–100 %, not 100 %–100 %). The tasks, not the attempts, are the sample because a task's attempts are not
+independent draws (an easy task is resolved every time): counting 6 tasks × 10 attempts as 60 would make
+the interval far too narrow. With one attempt per task it is exactly Wilson's interval for resolved ÷
+tasks; with more it is conservative (as if a task's attempts all agreed).
 
 **Harness against harness.** Each cell after the first of its suite and model (with the same sampling
 settings) also gets its difference to that first cell (`versus`): the mean of (this cell's task rate − the
 first cell's) over the tasks both attempted, with a paired percentile bootstrap interval (the tasks
-resampled, each keeping its two rates). An interval that excludes 0 says the harnesses differ on tasks like
-these."""
+resampled with replacement `resamples` times, 10,000, each keeping its two rates; the seed is fixed, so the
+same runs always give the same interval). An interval that excludes 0 says the harnesses differ on tasks
+like these; one of [+0%, +0%] (the harnesses agreed on every task) says no more than that: on these tasks
+they did not differ. `bootstrap_interval` is the same resampling for one cell's rate."""
 
 from __future__ import annotations
 
@@ -35,18 +41,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pydantic import BaseModel, Field
 
 from orchard.eval.cells import cell_key, harness_text, model_text, suite_key, suite_text
+from orchard.eval.estimators import CONFIDENCE, Interval, PassK, mean_pass_k, task_pass_k, wilson_interval
 from orchard.eval.results import EvalResults
 from orchard.eval.run_config import EvalConfig
 
-CONFIDENCE = 0.95
 RESAMPLES = 10_000
 SEED = 0
-
-
-class Interval(BaseModel):
-    low: float
-    high: float
-    confidence: float = CONFIDENCE
 
 
 def bootstrap_interval(outcomes: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
@@ -120,6 +120,22 @@ def paired_difference(outcomes: Mapping[str, float], baseline: Mapping[str, floa
     return n, delta, _percentiles(means, confidence)
 
 
+class TaskAttempts(BaseModel):
+    """One task of a cell: its attempts over the cell's runs."""
+
+    task_id: str
+    attempts: int
+    resolved: int
+    rewards: list[float | None] = Field(default_factory=list, description="each attempt's reward, in order")
+
+    @property
+    def rate(self) -> float:
+        return self.resolved / self.attempts
+
+    def pass_k(self, k: int) -> PassK:
+        return task_pass_k(self.attempts, self.resolved, k)
+
+
 class MatrixRow(BaseModel):
     """One cell of the matrix: every run of one configuration, a task's rollouts its attempts."""
 
@@ -132,11 +148,14 @@ class MatrixRow(BaseModel):
     attempts: int = Field(description="resolved or failed rollouts, over all runs (a task's repeats included)")
     resolved: int = Field(description="resolved attempts")
     failed: int = Field(description="failed attempts")
-    errors: int = Field(description="rollouts that ended in an error (not attempts; each run's latest of a task)")
+    errors: int = Field(description="rollouts that ended in an error (not attempts)")
     pending: int = Field(description="tasks selected that no run of the cell ran")
     resolve_rate: float | None = Field(description="the mean over finished tasks of each one's resolved share of "
                                                    "its attempts")
-    interval: Interval | None = Field(description="bootstrap confidence interval of resolve_rate, over tasks")
+    interval: Interval | None = Field(description="Wilson score interval of resolve_rate, the tasks the sample")
+    k: int = Field(default=1, description="the attempts per task the pass@k and pass^k go up to")
+    pass_k: list[PassK] = Field(default_factory=list, description="k = 1..k: the means over the tasks")
+    per_task: list[TaskAttempts] = Field(default_factory=list, description="each finished task's attempts")
     mean_steps: float | None = Field(description="per attempt")
     mean_tokens: float | None = Field(description="prompt + completion tokens per attempt")
     mean_wall_s: float | None = Field(description="a task's own wall time per attempt")
@@ -174,25 +193,34 @@ def matrix_rows(runs: Sequence[EvalResults], *, confidence: float = CONFIDENCE, 
         members = [runs[index] for index in indices]
         config = members[0].settings.config()
         results = [task for run in members for task in run.tasks]
-        attempts = [task for task in results if task.status != "error"]
-        by_task: dict[str, list[bool]] = {}
-        for task in attempts:
-            by_task.setdefault(task.task_id, []).append(task.status == "resolved")
-        task_rates = {task_id: sum(outcomes) / len(outcomes) for task_id, outcomes in by_task.items()}
+        attempts = [attempt for task in results for attempt in task.attempts]
+        by_task: dict[str, TaskAttempts] = {}
+        for task in results:
+            if task.attempts:
+                entry = by_task.setdefault(task.task_id, TaskAttempts(task_id=task.task_id, attempts=0, resolved=0))
+                entry.attempts += len(task.attempts)
+                entry.resolved += task.resolved_attempts
+                entry.rewards += [attempt.reward for attempt in task.attempts]
+        task_rates = {task_id: entry.rate for task_id, entry in by_task.items()}
         selected = set(task_id for run in members for task_id in run.settings.task_ids)
         ran = set(task.task_id for task in results)
-        resolved = sum(1 for task in attempts if task.status == "resolved")
+        resolved = sum(entry.resolved for entry in by_task.values())
+        rate = sum(task_rates.values()) / len(task_rates) if task_rates else None
+        counts = [(entry.attempts, entry.resolved) for entry in by_task.values()]
+        k = max([run.settings.attempts for run in members] + [min((n for n, _ in counts), default=1)])
         rates.append(task_rates)
         rows.append(MatrixRow(
             suite=config.suite, harness=config.harness, model=config.model, config=config,
             tasks=len(selected | ran), finished=len(task_rates), attempts=len(attempts), resolved=resolved,
-            failed=len(attempts) - resolved, errors=len(results) - len(attempts), pending=len(selected - ran),
-            resolve_rate=sum(task_rates.values()) / len(task_rates) if task_rates else None,
-            interval=bootstrap_interval(list(task_rates.values()), confidence=confidence, resamples=resamples,
-                                        seed=seed),
-            mean_steps=_mean(task.steps for task in attempts),
-            mean_tokens=_mean((task.prompt_tokens or 0) + (task.completion_tokens or 0) for task in attempts),
-            mean_wall_s=_mean(task.wall_time_s for task in attempts if task.wall_time_s is not None),
+            failed=len(attempts) - resolved, errors=sum(run.summary.errored_rollouts for run in members),
+            pending=len(selected - ran), resolve_rate=rate,
+            interval=wilson_interval(rate * len(task_rates), len(task_rates), confidence=confidence)
+            if rate is not None else None,
+            k=k, pass_k=[mean_pass_k(counts, j) for j in range(1, k + 1)] if counts else [],
+            per_task=list(by_task.values()),
+            mean_steps=_mean(attempt.steps for attempt in attempts),
+            mean_tokens=_mean(attempt.tokens for attempt in attempts),
+            mean_wall_s=_mean(attempt.wall_time_s for attempt in attempts if attempt.wall_time_s is not None),
             wall_time_s=sum(run.elapsed_s for run in members), runs=indices))
     for position, row in enumerate(rows):
         first = next(index for index, other in enumerate(rows) if _same_suite_and_model(other, row))

@@ -1,7 +1,8 @@
 """The HTML report over evaluation runs (`orchard report DIR... --out report.html`): per suite (its content) a
 harness × model matrix of resolve rates, a cell per configuration (orchard.eval.cells; colored, each with its
-bootstrap interval) and the same cells as rows (tasks, attempts; steps, tokens and wall time per attempt,
-errors apart), a summary of each run with its options, and each task's trajectory to
+Wilson interval) and the same cells as rows (tasks, attempts; steps, tokens and wall time per attempt,
+errors apart), pass@k and pass^k per cell and per task, a summary of each run with its options, and each
+task's trajectory to
 expand (steps, tool calls, observations, errors, the patch and the test outcomes). A study's directory
 (`orchard study --out`) stands for all of its cells.
 
@@ -20,7 +21,8 @@ from orchard.core.atomic_write import atomic_write_text
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.trajectory import Content, Trajectory
 from orchard.eval.cells import harness_options_text, model_settings_text, suite_key, suite_text
-from orchard.eval.matrix import RESAMPLES, SEED, Interval, MatrixRow, matrix_rows
+from orchard.eval.estimators import Interval
+from orchard.eval.matrix import RESAMPLES, SEED, MatrixRow, matrix_rows
 from orchard.eval.results import RESULTS_FILE, EvalResults, TaskResult, latest_by_task, read_results, read_trajectories
 from orchard.eval.summary import startup_text, versus_text
 from orchard.eval.study import STUDY_FILE, StudyCell, study_run_directories
@@ -106,7 +108,7 @@ def build_matrices(runs: list[RunReport]) -> list[SuiteMatrix]:
     (orchard.eval.matrix: the rate over tasks, its bootstrap interval, means per attempt)."""
     rows = matrix_rows([run.results for run in runs])
     suites = list(dict.fromkeys(suite_key(row.config) for row in rows))
-    names = [name for name, _ in suites]
+    names = [suite[0] for suite in suites]
     matrices = []
     for suite in suites:
         members = [row for row in rows if suite_key(row.config) == suite]
@@ -118,7 +120,8 @@ def build_matrices(runs: list[RunReport]) -> list[SuiteMatrix]:
         first_of = {part: next(row for row in members if _harness_part(row) == part) for part in harnesses}
         model_of = {part: next(row for row in members if _model_part(row) == part) for part in models}
         # the hash in the title only where a name alone would not tell the suites apart
-        title = members[0].suite_text if names.count(suite[0]) > 1 else suite[0]
+        threshold = f" (pass ≥ {suite[2]:g})" if suite[2] != 1.0 else ""
+        title = members[0].suite_text if names.count(suite[0]) > 1 else suite[0] + threshold
         matrices.append(SuiteMatrix(title, [first_of[part].harness_text for part in harnesses],
                                     [model_of[part].model_text for part in models], cells, members, suite[1]))
     return matrices
@@ -145,7 +148,7 @@ def render_report(runs: list[RunReport], unrun: list[StudyCell] | None = None) -
                                      lstrip_blocks=True)
     environment.filters.update(content_text=content_text, clip=clip, as_json=as_json, seconds=seconds,
                                percent=percent, interval=interval_text, number=number, versus=versus_text,
-                               startup=startup_filter)
+                               startup=startup_filter, pass_at=pass_at, pass_hat=pass_hat, reward=reward_text)
     environment.globals.update(harness_options=_options_of(harness_options_text),
                                model_settings=_options_of(model_settings_text), suite_name=_of(suite_text))
     template = environment.from_string(files("orchard.eval").joinpath(TEMPLATE).read_text(encoding="utf-8"))
@@ -212,6 +215,27 @@ def percent(value: float | None) -> str:
 
 def interval_text(value: Interval | None) -> str:
     return "-" if value is None else f"{value.low:.0%}–{value.high:.0%}"
+
+
+def pass_at(row: MatrixRow, k: int) -> str:
+    return _pass_text(row, k, "pass_at_k")
+
+
+def pass_hat(row: MatrixRow, k: int) -> str:
+    return _pass_text(row, k, "pass_hat_k")
+
+
+def _pass_text(row: MatrixRow, k: int, field: str) -> str:
+    """The cell's mean at k; `n/a (2 short)` where tasks lack attempts; `-` past the cell's own K."""
+    if k > len(row.pass_k):
+        return "-"
+    entry = row.pass_k[k - 1]
+    value = getattr(entry, field)
+    return percent(value) if value is not None else f"n/a ({entry.short} short)"
+
+
+def reward_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 def number(value: float | None, digits: int = 0) -> str:

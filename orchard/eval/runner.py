@@ -6,11 +6,18 @@ the run's own gateway under the rollout key `<run_id>:<task_id>:<attempt>`, and 
 call to OUT/calls.jsonl as it finishes: a per-turn checkpoint. A finished trial appends one line to
 trajectories.jsonl and rewrites results.json.
 
+**Attempts.** Each task gets `attempts` K finished attempts: rollouts with an agent outcome (resolved or
+failed). A rollout that ended in an error is not an attempt; a session runs at most `error_retries` more
+rollouts of a task to replace its errored ones, and a task still short of K attempts says how many it has
+(results.json). A task's attempts run as separate trials, in rounds: every task's first attempt is queued
+before any task's second, so a run stopped early has the most tasks with an attempt.
+
 Resuming (the same command, the same --out) is exact: the configuration must be the same (it is the resume
-key, OUT/config.json); trials with an agent outcome are never run again; a trial that ended in an error is
-run again as the next attempt; a trial that was in flight when the run was stopped — Ctrl-C, or a kill at
-any moment — is first recorded from its checkpointed calls as an `interrupted` partial rollout (nothing the
-agent did is lost), then run again."""
+key, OUT/config.json); attempts are never run again (a task with its K attempts is done; asking for more
+attempts adds only the missing ones); a trial that ended in an error is replaced by the next rollout; a
+trial that was in flight when the run was stopped — Ctrl-C, or a kill at any moment — is first recorded
+from its checkpointed calls as an `interrupted` partial rollout (nothing the agent did is lost), then run
+again."""
 
 from __future__ import annotations
 
@@ -41,8 +48,9 @@ from orchard.eval.in_sandbox import (backend_for_run, ensure_run_bundle, gateway
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.pools import eval_pools
 from orchard.eval.partial import CALLS_FILE, read_calls, trajectory_from_calls
-from orchard.eval.results import (TRAJECTORIES_FILE, EvalResults, EvalSettings, TaskResult, build_results,
-                                  latest_by_task, read_results, read_trajectories, utc_now, write_results)
+from orchard.eval.results import (TRAJECTORIES_FILE, EvalResults, EvalSettings, TaskResult, attempts_by_task,
+                                  build_results, read_results, read_trajectories, rollout_status, utc_now,
+                                  write_results)
 from orchard.eval.models import check_model_route
 from orchard.eval.run_config import (TrialTimeouts, check_same_config, harness_defaults, read_config, suite_hash,
                                      write_config)
@@ -64,7 +72,8 @@ class EvalListener(Protocol):
     def run_started(self, results: EvalResults, to_run: list[str]) -> None: ...
     def task_finished(self, result: TaskResult) -> None: ...
     # Optional: `preparing(step: str)`, told what the run does before its first task (building an in-sandbox
-    # harness's bundle: minutes the first time).
+    # harness's bundle: minutes the first time); `retrying(task_id: str)`, told that a rollout ended in an
+    # error and another one replaces it (one more trial than `run_started` said).
 
 
 def rollout_key(run_id: str, task_id: str, attempt: int) -> str:
@@ -90,7 +99,8 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
                    timeouts: TrialTimeouts | None = None,
                    orchard_url: str | None = None, orchard_client: SandboxFactory | None = None,
                    backend: BackendConfig | str | None = None, listener: EvalListener | None = None,
-                   pool: int = 0) -> EvalResults:
+                   pool: int = 0, attempts: int = 1, error_retries: int = 0,
+                   pass_threshold: float | None = None) -> EvalResults:
     """Evaluate and return the results (also in `out_dir`). Everything a user can get wrong (unknown
     harness, suite or task, an output directory holding another configuration or a file) is refused
     before anything is written. `gateway_config` says which models the run's gateway serves (see
@@ -98,9 +108,19 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
     Sandboxes come from `orchard_client` when given (it stays open), else from a client of its own:
     embedded on `backend` (a config or a backend's name; default local), or the server at `orchard_url` /
     ORCHARD_URL. `pool`: keep this many sandboxes of each task template started in the run's own
-    orchestrator (embedded only; a server's pools are its own, `orchard serve --pools`)."""
+    orchestrator (embedded only; a server's pools are its own, `orchard serve --pools`). `attempts`: the
+    finished attempts each task gets (a resumed run keeps the most any of its sessions asked for);
+    `error_retries`: how many more rollouts of a task this session may run to replace errored ones (0: they
+    run again when the run is resumed). `pass_threshold`: the least reward that resolves a task (default: the
+    suite's, 1.0 unless its suite.json says otherwise)."""
     if parallel < 1:
         raise InvalidRequest(f"parallel must be at least 1, got {parallel}")
+    if attempts < 1:
+        raise InvalidRequest(f"attempts must be at least 1, got {attempts}")
+    if error_retries < 0:
+        raise InvalidRequest(f"error retries must be 0 or more, got {error_retries}")
+    if pass_threshold is not None and not 0 < pass_threshold <= 1:
+        raise InvalidRequest(f"the pass threshold is a reward in (0, 1], got {pass_threshold}")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InvalidRequest(f"--out {out} is a file; give a directory (it is created if missing)")
@@ -118,8 +138,10 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
     settings = EvalSettings(harness=harness, harness_version=agent.version, harness_options=options, model=model,
                             sampling=sampling or SamplingParams(), suite=loaded.name, suite_hash=suite_hash(loaded),
                             timeouts=TrialTimeouts.model_validate(timeouts.model_dump()),
+                            pass_threshold=loaded.pass_threshold if pass_threshold is None else pass_threshold,
                             suite_path=None if isinstance(suite, TaskSuite) else str(suite),
-                            task_ids=[task.id for task in tasks], parallel=parallel)
+                            task_ids=[task.id for task in tasks], parallel=parallel, attempts=attempts,
+                            error_retries=error_retries)
     previous = read_results(out)
     previous_config = read_config(out)
     if previous is not None and previous_config is None:
@@ -149,9 +171,13 @@ class _Run:
         self.session_started = time.monotonic()
         if previous is not None:
             settings.task_ids = list(dict.fromkeys(previous.settings.task_ids + settings.task_ids))
+            settings.attempts = max(settings.attempts, previous.settings.attempts)
         self.settings = settings
         self.trajectories = read_trajectories(out)
         self.pools: list[PoolSpec] = []  # warm pools for the run's own orchestrator (--pool)
+        self.last_rollout: dict[str, int] = {}  # per task: the highest rollout number taken (keys stay unique)
+        self.to_grade: dict[str, list[int]] = {}  # per task: rollouts whose agent finished in an earlier session
+        self.retries_left: dict[str, int] = {}  # per task: rollouts this session may still run to replace errors
 
     def _recover_interrupted(self) -> None:
         """Record every rollout that has checkpointed calls but no trajectory (the run was stopped while it
@@ -185,14 +211,32 @@ class _Run:
                         len(calls))
 
     def _to_run(self) -> list[tuple[Task, int]]:
-        """Tasks without an agent outcome, each with its next attempt number."""
-        latest = latest_by_task(self.trajectories)
+        """Tasks short of their attempts, each with how many trials it needs (a checkpointed rollout whose
+        agent finished is one of them: it is graded). Also sets where each task's rollout numbers go on."""
+        attempts = attempts_by_task(self.trajectories)
+        for trajectory in self.trajectories:
+            parsed = parse_rollout_key(trajectory.rollout_key or "")
+            if parsed is not None and parsed[0] == self.run_id:
+                self.last_rollout[parsed[1]] = max(self.last_rollout.get(parsed[1], 0), parsed[2])
+        for key, checkpoint in read_checkpoints(self.out).items():
+            parsed = parse_rollout_key(key)
+            if parsed is not None and parsed[0] == self.run_id and checkpoint.to_grade:
+                self.to_grade.setdefault(parsed[1], []).append(parsed[2])
+                self.last_rollout[parsed[1]] = max(self.last_rollout.get(parsed[1], 0), parsed[2])
         pending = []
         for task in self.tasks:
-            trajectory, attempts = latest.get(task.id, (None, 0))
-            if trajectory is None or TaskResult.from_trajectory(trajectory, attempts).status == "error":
-                pending.append((task, attempts + 1))
+            needed = max(self.settings.attempts - len(attempts.get(task.id, [])), len(self.to_grade.get(task.id, [])))
+            if needed > 0:
+                pending.append((task, needed))
+            self.retries_left[task.id] = self.settings.error_retries
         return pending
+
+    def _next_rollout(self, task_id: str) -> int:
+        """The number of the task's next rollout: a checkpointed one to grade first, else a new one."""
+        if self.to_grade.get(task_id):
+            return self.to_grade[task_id].pop(0)
+        self.last_rollout[task_id] = self.last_rollout.get(task_id, 0) + 1
+        return self.last_rollout[task_id]
 
     def results(self, *, interrupted: bool = False) -> EvalResults:
         elapsed = self.elapsed_before + (time.monotonic() - self.session_started)
@@ -212,7 +256,7 @@ class _Run:
             progress = getattr(self.listener, "preparing", None) or (lambda step: None)
             await asyncio.to_thread(ensure_run_bundle, bundle, backend, progress)
         if self.listener is not None:
-            self.listener.run_started(self.results(), [task.id for task, _ in pending])
+            self.listener.run_started(self.results(), [task.id for task, needed in pending for _ in range(needed)])
         if not pending:
             return self.results()
         finished = False
@@ -232,10 +276,12 @@ class _Run:
                 rig = TrialRig(harness=self.harness, model=self.settings.model, sampling=self.settings.sampling,
                                timeouts=self.settings.timeouts, orch=orch, gateway=gateway,
                                agent_slots=asyncio.Semaphore(parallel), grading_slots=asyncio.Semaphore(parallel),
-                               bundle=bundle, out_dir=self.out)
+                               bundle=bundle, out_dir=self.out, pass_threshold=self.settings.pass_threshold)
                 async with asyncio.TaskGroup() as group:
-                    for task, attempt in pending:
-                        group.create_task(self._trial(rig, task, attempt))
+                    for round_ in range(max(needed for _, needed in pending)):  # every task's 1st, then 2nd, ...
+                        for task, needed in pending:
+                            if round_ < needed:
+                                group.create_task(self._attempt(rig, task))
             finished = True
         finally:
             if gateway is not None:
@@ -247,7 +293,20 @@ class _Run:
             write_results(self.out, final)
         return final
 
-    async def _trial(self, rig: TrialRig, task: Task, attempt: int) -> None:
+    async def _attempt(self, rig: TrialRig, task: Task) -> None:
+        """One attempt of `task`: a trial, and while it ends in an error and the task has retries left, another."""
+        while True:
+            trajectory = await self._trial(rig, task, self._next_rollout(task.id))
+            if rollout_status(trajectory) != "error" or self.retries_left[task.id] <= 0:
+                return
+            self.retries_left[task.id] -= 1
+            log.info("task %s: the rollout %s ended in an error; running another in its place (%d more allowed)",
+                     task.id, trajectory.rollout_key, self.retries_left[task.id])
+            retrying = getattr(self.listener, "retrying", None)
+            if retrying is not None:
+                retrying(task.id)
+
+    async def _trial(self, rig: TrialRig, task: Task, attempt: int) -> Trajectory:
         key = rollout_key(self.run_id, task.id, attempt)
         labels = {RUN_LABEL: self.run_id, TASK_LABEL: _label_value(task.id)}
         trial = Trial(rig, task, key, labels)
@@ -258,6 +317,7 @@ class _Run:
         else:
             trajectory = await trial.run()
         self._record(trajectory, attempt)
+        return trajectory
 
     def _append(self, trajectory: Trajectory) -> None:
         write_jsonl(self.out / TRAJECTORIES_FILE, [trajectory], append=True)
@@ -268,9 +328,12 @@ class _Run:
         self._append(trajectory)
         if trajectory.rollout_key:
             remove_checkpoint(self.out, trajectory.rollout_key)
-        write_results(self.out, self.results())
+        results = self.results()
+        write_results(self.out, results)
         if self.listener is not None:
-            self.listener.task_finished(TaskResult.from_trajectory(trajectory, attempt))
+            row = next((row for row in results.tasks if row.task_id == trajectory.task_id), None)
+            self.listener.task_finished(TaskResult.from_trajectory(trajectory, attempt,
+                                                                   row.attempts if row else None))
 
 
 def _label_value(text: str) -> str:
