@@ -241,6 +241,22 @@ async def test_errors_are_not_attempts_a_short_task_says_so_and_resume_runs_only
         "k": 3, "pass_at_k": 1.0, "pass_hat_k": 0.0, "tasks": 1, "short": 0}
 
 
+def test_a_task_short_of_its_attempts_says_how_many_it_has_and_the_run_exits_1(home, tmp_path, scripted):
+    suite = tmp_path / "suite"
+    TaskSuite(name="partial", tasks=[PARTIAL]).save(suite)
+    scripted.load(BREAK_THE_GRADER + reward("1"))
+    result = cli.invoke(app, ["eval", "--harness", "react", "--model", "openai/scripted", "--api-base",
+                              f"{scripted.url}/v1", "--api-key", "unused", "--suite", str(suite), "--parallel", "1",
+                              "--attempts", "2", "--out", str(tmp_path / "run")],
+                        env={"ORCHARD_HOME": str(home), "COLUMNS": "250"})
+    assert result.exit_code == 1, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("│ partial"))
+    assert re.search(r"│\s+2 │\s+1 of 2 │\s+1 │\s+n/a │\s+n/a │", line), line  # rollout 2: 1 attempt of 2
+    text = " ".join(result.output.split())
+    assert "1 task(s) short of 2 attempts" in text
+    assert "1 task(s) have fewer than 2 attempts: rollouts ended in an error (not an attempt of the agent)" in text
+
+
 # --- docs/evaluation.md -------------------------------------------------------------------------------
 
 def test_the_evaluation_pages_python_runs():

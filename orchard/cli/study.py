@@ -48,15 +48,22 @@ def study_command(
         "--allow-errors", help="Exit 0 even when some cells failed or some rollouts ended in an error.")] = False,
     url: UrlOption = None,
     backend: BackendOption = None,
+    attempts: Annotated[int, typer.Option(
+        "--attempts", min=1, help="Finished attempts (resolved or failed) each task gets in every cell, for pass@k "
+                                  "and pass^k; errors are not attempts.")] = 1,
+    error_retries: Annotated[int, typer.Option(
+        "--error-retries", min=0, help="At most N more rollouts per task and cell to replace rollouts that ended "
+                                       "in an error.")] = 0,
 ) -> None:
     """Evaluate every HARNESS with every MODEL on SUITE, one `orchard eval` run per cell into
-    OUT/<harness>__<model>/, one cell after another; then print the matrix (resolve rate with a 95% bootstrap
-    interval, steps, tokens, wall time per attempt, errors apart) and write OUT/report.html.
+    OUT/<harness>__<model>/, one cell after another; then print the matrix (resolve rate with a 95% Wilson
+    interval, pass@k and pass^k with --attempts, steps, tokens, wall time per attempt, errors apart) and
+    write OUT/report.html.
 
     A cell that cannot run (an unknown harness, a bundle that does not build) is recorded in OUT/study.json
     and the next cell runs. Re-running the same command resumes: finished tasks are kept, errors run again.
 
-    Exit status: 0 when every cell ran and every task has an agent outcome; 1 otherwise (unless
+    Exit status: 0 when every cell ran and every task has its attempts; 1 otherwise (unless
     --allow-errors); 2 for bad usage; 130 when interrupted."""
     harnesses, models = _split(harness) or [], _split(model) or []
     missing = [name for name, value in (("--harness", harnesses), ("--model", models), ("--suite", suite))
@@ -90,7 +97,7 @@ def study_command(
             with listener:  # each cell's own progress bar, drawn while it runs
                 runner = eval_cell(suite, configs, task_ids=_split(tasks), parallel=parallel,
                                    harness_options=options, timeouts=timeouts, orchard_url=url, backend=backend,
-                                   listener=lambda _: listener)
+                                   listener=lambda _: listener, attempts=attempts, error_retries=error_retries)
                 return await runner(cell, directory)
 
         study = asyncio.run(run_study(harnesses=harnesses, models=models, suite=suite, out_dir=target,

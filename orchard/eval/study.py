@@ -121,7 +121,8 @@ async def run_study(*, harnesses: list[str], models: list[str], suite: str | Pat
                 log.info("study cell %s × %s failed: %s", harness, model, exc)
                 cell.status, cell.error = "failed", _error_text(exc)
             else:
-                cell.status = "errors" if results.summary.errors or results.summary.pending else "finished"
+                summary = results.summary
+                cell.status = "errors" if summary.errors or summary.short or summary.pending else "finished"
                 cell.error = None
             finally:
                 write_study(out, study)
