@@ -1,8 +1,9 @@
 """What tells the cells of a report apart: a run's resolved configuration (orchard.eval.run_config, the run's
 resume key) is its cell. Two runs are one cell only when every part of it is the same — the suite's content
 (its hash, not its directory's name) and pass threshold, the harness with its version and options, the model
-with its sampling settings, the trial timeouts — and then their rollouts of a task are attempts of that task. This module
-gives the key and the short texts that name a cell's parts in tables (only what differs from the defaults)."""
+with its sampling settings, the trial timeouts — and then their rollouts of a task are attempts of that task.
+This module gives the key and the short texts that name a cell's parts in tables (only what differs from the
+defaults)."""
 
 from __future__ import annotations
 
