@@ -4,10 +4,8 @@ gateway, so a harness inside reaches it at one fixed URL on every backend while 
 route out (the local backend binds the gateway's Unix socket in; Kubernetes allows only the gateway's
 address).
 
-It knows nothing of HTTP: streamed responses (SSE) pass through as the gateway writes them. Two threads per
-connection (one per direction), each a plain recv_into/sendall loop: no buffering beyond one read, and
-nothing to schedule. When one side ends its sending, the other side's sending is shut down (half-close),
-and the pair is closed once both directions are done or either fails."""
+It knows nothing of HTTP: streamed responses (SSE) pass through as the gateway writes them, two threads
+per connection (relay.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +13,10 @@ import socket
 import sys
 import threading
 
+from .relay import CHUNK, relay
+
 LISTEN_HOST = "127.0.0.1"
 LISTEN_PORT = 4000
-CHUNK = 64 << 10
 # Connections relayed at once; past this a new one is closed at once. A harness makes a handful; each one
 # costs the agent two threads, which count against the sandbox's process limit like the workload's own, so
 # a workload opening connections by the hundred must not be able to starve its agent of threads.
@@ -101,10 +100,7 @@ class Forwarder:
                 _refuse(client, "the model gateway (%s) is unreachable from the sandbox: %s" % (self.target, exc))
                 return
             try:
-                back = threading.Thread(target=_pump, args=(upstream, client), name="gateway-relay", daemon=True)
-                back.start()
-                _pump(client, upstream)
-                back.join()
+                relay(client.recv, client, upstream, "gateway-relay")
             finally:
                 upstream.close()
         except Exception as exc:  # noqa: BLE001 — one connection's failure must not end the agent
@@ -112,26 +108,6 @@ class Forwarder:
         finally:
             client.close()
             self._slots.release()
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy src to dst until src ends (then half-close dst) or either fails (then cut both, so the
-    other direction's pump ends too)."""
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    try:
-        while True:
-            n = src.recv_into(buf)
-            if not n:
-                dst.shutdown(socket.SHUT_WR)
-                return
-            dst.sendall(view[:n])
-    except OSError:
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 def _refuse(client: socket.socket, message: str) -> None:

@@ -24,8 +24,8 @@ TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCD
 REASONS = {
     100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
     405: "Method Not Allowed", 408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long",
-    431: "Request Header Fields Too Large", 500: "Internal Server Error", 505: "HTTP Version Not Supported",
-    507: "Insufficient Storage",
+    431: "Request Header Fields Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
+    503: "Service Unavailable", 505: "HTTP Version Not Supported", 507: "Insufficient Storage",
 }
 
 

@@ -16,7 +16,7 @@ import stat
 import threading
 import time
 
-from . import VERSION, claim, execs, files, http1, pidns, sessions, stats, tars
+from . import VERSION, claim, execs, files, http1, pidns, ports, sessions, stats, tars
 from . import workload_cgroup
 from .wire import ApiError, Request, log_error, unquote
 
@@ -67,12 +67,14 @@ EXACT_ROUTES = {
     ("GET", "/files/stat"): files.handle_stat,
     ("GET", "/files/list"): files.handle_list,
     ("GET", "/tar"): tars.handle_download,
+    ("GET", "/ports"): ports.handle_list,
     ("PUT", "/tar"): tars.handle_upload,
 }
 PATTERN_ROUTES = [
     ("POST", re.compile(r"^/sessions/([^/]+)/run$"), sessions.handle_run),
     ("POST", re.compile(r"^/sessions/([^/]+)/interrupt$"), sessions.handle_interrupt),
     ("DELETE", re.compile(r"^/sessions/([^/]+)$"), sessions.handle_delete),
+    ("GET", re.compile(r"^/ports/([^/]+)$"), ports.handle_connect),
 ]
 # Methods some endpoint has; any other is refused before auth and routing.
 METHODS = frozenset(method for method, _ in EXACT_ROUTES) | {method for method, _, _ in PATTERN_ROUTES}
