@@ -297,3 +297,28 @@ async def test_remote_error_without_an_orchard_body_is_typed_by_status(tmp_path)
     finally:
         other.terminate()
         other.wait()
+
+
+def test_remote_sync_forward_port_serves_http_and_closes_with_the_sandbox(server, tmp_path):
+    """Through `orchard serve` the client still reaches the sandbox's agent itself for its ports."""
+    import httpx
+
+    from orchard.testing.conformance._rig import wait_until
+
+    (tmp_path / "index.html").write_text("served from inside")
+    with Orchard(server.url, API_KEY) as orch:
+        sandbox = orch.create(image="host")
+        sandbox.upload(tmp_path / "index.html", "site/index.html")
+        sandbox.exec("cd site && python3 -m http.server 8080 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 &")
+        forward = sandbox.forward_port(8080)
+
+        def served() -> str | None:
+            try:
+                return httpx.get(forward.url("http", "/index.html"), timeout=10).text
+            except httpx.HTTPError:
+                return None
+
+        assert wait_until(served, "the server inside") == "served from inside"
+        sandbox.close()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(forward.url(), timeout=10)

@@ -72,6 +72,13 @@ class SandboxLost(OrchardError):
     status = 410
 
 
+class PortClosed(OrchardError):
+    """Nothing listens on the port asked for inside the sandbox (or the sandbox has no ports of its own)."""
+
+    code = "port_closed"
+    status = 502
+
+
 class BackendError(OrchardError):
     """The backend could not do what was asked (e.g. bubblewrap missing, cluster unreachable)."""
 
@@ -137,8 +144,8 @@ class IdempotencyConflict(OrchardError):
 ERRORS_BY_CODE: dict[str, type[OrchardError]] = {
     cls.code: cls
     for cls in (OrchardError, InvalidRequest, AuthError, Forbidden, NotFound, SandboxNotFound, PayloadTooLarge,
-                DiskFull, ExecTimeout, SandboxLost, BackendError, PluginError, ModelError, ModelUnreachable,
-                ModelRateLimited, BudgetExceeded, CapacityExceeded, IdempotencyConflict)
+                DiskFull, ExecTimeout, SandboxLost, PortClosed, BackendError, PluginError, ModelError,
+                ModelUnreachable, ModelRateLimited, BudgetExceeded, CapacityExceeded, IdempotencyConflict)
 }
 
 

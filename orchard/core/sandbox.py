@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import AsyncIterator, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, AsyncIterator, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    import asyncio
 
 NetworkMode = Literal["none", "allowlist", "open"]
 
@@ -316,6 +319,20 @@ class ShellSession(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class PortForwarding(Protocol):
+    """A local address (`host`, `port`) whose connections reach `remote_port` inside a sandbox."""
+
+    host: str
+    port: int
+    remote_port: int
+
+    @property
+    def address(self) -> str: ...
+    def url(self, scheme: str = "http", path: str = "") -> str: ...
+    def close(self) -> None: ...
+
+
 # What a client takes from a sandbox at most, unless asked for more: a sandbox is untrusted and must not be
 # able to exhaust its client's memory (read_file) or disk (download). Over the cap is PayloadTooLarge.
 READ_FILE_MAX_BYTES = 64 << 20
@@ -360,6 +377,19 @@ class Sandbox(Protocol):
     async def cpu_seconds(self) -> float | None:
         """CPU time every process of the sandbox has used so far (approximate: 10 ms ticks; None when
         unknown)."""
+        ...
+    async def listening_ports(self) -> list[int]:
+        """The TCP ports a server listens on inside the sandbox that `open_port` can reach."""
+        ...
+    async def wait_for_port(self, port: int, *, timeout: float = 30.0) -> None:
+        """Wait until a server listens on `port` inside (without connecting); PortClosed after `timeout`."""
+        ...
+    async def open_port(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A TCP connection to `port` inside the sandbox (through its agent): PortClosed when nothing
+        listens there."""
+        ...
+    def forward_port(self, port: int, *, host: str = "127.0.0.1", local_port: int = 0) -> PortForwarding:
+        """A local address whose connections reach `port` inside the sandbox; closed with the client."""
         ...
     async def close(self) -> None: ...
 

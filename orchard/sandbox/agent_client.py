@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import tarfile
 import tempfile
 from pathlib import Path
@@ -23,18 +24,21 @@ from urllib.parse import quote
 
 import httpx
 
+from orchard.core.deadline import Deadline
 from orchard.core.errors import (
-    AuthError, DiskFull, ExecTimeout, InvalidRequest, NotFound, OrchardError, PayloadTooLarge, SandboxLost,
-    error_from_code, exception_text,
+    AuthError, DiskFull, ExecTimeout, InvalidRequest, NotFound, OrchardError, PayloadTooLarge, PortClosed,
+    SandboxLost, error_from_code, exception_text,
 )
 from orchard.core.sandbox import (DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, ExecEvent, ExecResult, FileInfo,
                                   SessionResult, StartupTimings)
 from orchard.sandbox import tar_stream
+from orchard.sandbox.ports import PortForward, check_port, connect_port
 
 _CONNECT_RETRY_DELAYS_S = (0.1, 0.4)
 _CONNECT_TIMEOUT_S = 10.0
 _WRITE_TIMEOUT_S = 60.0
 _READ_TIMEOUT_S = 120.0  # files, stat, sessions without a timeout of their own
+PORT_STREAM_LIMIT = 1 << 20  # an asyncio reader's buffer (readline/readuntil) on a port's stream
 _TIMEOUT_MARGIN_S = 30.0  # on top of a command's own timeout: the agent kills and answers within it
 # Caps on what a sandbox can make this process hold or write (a sandbox is untrusted: a 3 GB sparse file
 # costs it nothing). Callers raise them per call with `max_bytes`.
@@ -128,6 +132,8 @@ class AgentSandbox:
         self.startup: StartupTimings | None = None  # where its start went, as the orchestrator reported it
         self._on_close = on_close
         self._closed = False
+        self._token = token
+        self._forwards: list[PortForward] = []
         transport, base_url = _transport_for(agent_url)
         # trust_env=False: a proxy from the environment must never sit between a client and its sandbox.
         self._client = httpx.AsyncClient(
@@ -186,6 +192,46 @@ class AgentSandbox:
         (see docs/agent-protocol.md): approximate, in 10 ms ticks; None when the agent cannot tell."""
         value = json.loads((await self._call("GET", "/stats")).content).get("cpu_seconds")
         return float(value) if isinstance(value, (int, float)) else None
+
+    # -- ports ------------------------------------------------------------------------------------------
+
+    async def open_port(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A TCP connection to `port` inside the sandbox, through its agent (docs/sandbox-ports.md): an
+        asyncio stream pair; `writer.write_eof()` half-closes it. PortClosed when nothing listens there."""
+        sock = await asyncio.to_thread(self.port_socket, port)
+        try:
+            return await asyncio.open_connection(sock=sock, limit=PORT_STREAM_LIMIT)
+        except BaseException:
+            sock.close()
+            raise
+
+    async def listening_ports(self) -> list[int]:
+        """The TCP ports listening inside the sandbox that `open_port` can reach (on a loopback or every
+        address), read by the agent without connecting to any."""
+        return json.loads((await self._call("GET", "/ports")).content)["listening"]
+
+    async def wait_for_port(self, port: int, *, timeout: float = 30.0) -> None:
+        """Wait until a server listens on `port` inside the sandbox (nothing connects to it meanwhile);
+        PortClosed after `timeout` seconds."""
+        check_port(port)
+        deadline = Deadline.after(timeout)
+        while port not in await self.listening_ports():
+            if deadline.expired:
+                raise PortClosed(f"nothing listened on port {port} inside sandbox {self.id} within {timeout:g} s")
+            await asyncio.sleep(min(0.05, max(deadline.time_left_s(), 0)))
+
+    def port_socket(self, port: int) -> socket.socket:
+        """`open_port` as a connected blocking socket (it blocks while the agent dials the port)."""
+        return connect_port(self.agent_url, self._token, port, self.id)
+
+    def forward_port(self, port: int, *, host: str = "127.0.0.1", local_port: int = 0) -> PortForward:
+        """Listen on `host:local_port` (default: a free port on 127.0.0.1) and relay each connection to
+        `port` inside the sandbox; see `PortForward`. Closed with this client, or by its own `close()`."""
+        if self._closed:
+            raise InvalidRequest(f"the client of sandbox {self.id} is closed; connect again to forward ports")
+        forward = PortForward(self.agent_url, self._token, port, sandbox_id=self.id, host=host, port=local_port)
+        self._forwards.append(forward)
+        return forward
 
     # -- files ------------------------------------------------------------------------------------------
 
@@ -285,6 +331,8 @@ class AgentSandbox:
         if self._closed:
             return
         self._closed = True
+        for forward in self._forwards:
+            forward.close()
         try:
             await self._client.aclose()
         finally:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Iterator, Self, TypeVar
 
-from orchard.core.sandbox import ExecEvent, ExecResult, FileInfo, Sandbox, SessionResult, ShellSession
+from orchard.core.errors import InvalidRequest
+from orchard.core.sandbox import (ExecEvent, ExecResult, FileInfo, PortForwarding, Sandbox, SessionResult,
+                                  ShellSession)
 from orchard.sandbox.agent_client import DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES
 
 T = TypeVar("T")
@@ -194,6 +197,24 @@ class SyncSandbox(_ClosedOnExit):
     def shell(self, name: str = "default", *, cwd: str | None = None,
               env: dict[str, str] | None = None) -> SyncShellSession:
         return SyncShellSession(self._loop.run(self.async_sandbox.shell(name, cwd=cwd, env=env)), self._loop)
+
+    def listening_ports(self) -> list[int]:
+        return self._loop.run(self.async_sandbox.listening_ports())
+
+    def wait_for_port(self, port: int, *, timeout: float = 30.0) -> None:
+        self._loop.run(self.async_sandbox.wait_for_port(port, timeout=timeout))
+
+    def open_port(self, port: int) -> socket.socket:
+        """A connected blocking socket to `port` inside the sandbox (docs/sandbox-ports.md); PortClosed
+        when nothing listens there."""
+        port_socket = getattr(self.async_sandbox, "port_socket", None)
+        if port_socket is None:
+            raise InvalidRequest(f"{type(self.async_sandbox).__name__} has no ports to open")
+        return port_socket(port)
+
+    def forward_port(self, port: int, *, host: str = "127.0.0.1", local_port: int = 0) -> PortForwarding:
+        """See `AgentSandbox.forward_port`: a local address whose connections reach `port` inside."""
+        return self.async_sandbox.forward_port(port, host=host, local_port=local_port)
 
     def close(self) -> None:
         self._loop.run(self.async_sandbox.close())

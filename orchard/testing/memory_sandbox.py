@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from orchard.core.errors import InvalidRequest, NotFound, PayloadTooLarge, SandboxLost
+from orchard.core.errors import InvalidRequest, NotFound, PayloadTooLarge, PortClosed, SandboxLost
 from orchard.core.sandbox import (DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, ExecEvent, ExecRequest, ExecResult, FileInfo,
                                   SessionResult)
 
@@ -164,6 +164,22 @@ class MemorySandbox:
     async def cpu_seconds(self) -> float | None:
         self._record("cpu_seconds")
         return None  # nothing runs, so nothing is measured
+
+    async def listening_ports(self) -> list[int]:
+        self._record("listening_ports")
+        return []  # nothing runs, so nothing listens
+
+    async def wait_for_port(self, port: int, *, timeout: float = 30.0) -> None:
+        self._record("wait_for_port", port=port)
+        raise PortClosed(f"port {port} of the in-memory sandbox {self.id}: nothing runs in it, so nothing listens")
+
+    async def open_port(self, port: int):
+        self._record("open_port", port=port)
+        raise PortClosed(f"port {port} of the in-memory sandbox {self.id}: nothing runs in it, so nothing listens")
+
+    def forward_port(self, port: int, *, host: str = "127.0.0.1", local_port: int = 0):
+        self._record("forward_port", port=port)
+        raise PortClosed(f"port {port} of the in-memory sandbox {self.id}: nothing runs in it, so nothing listens")
 
     async def close(self) -> None:
         self.calls.append(SandboxCall(method="close"))

@@ -34,8 +34,8 @@ from orchard.sandbox.backends.agent_health import check_health
 import orchard.sandbox.backends.local.cgroups as cgroups
 import orchard.sandbox.backends.local.netns as netns
 from orchard.sandbox.backends.local.bwrap import (SandboxPaths, agent_env, encode_workload_env, remaps_ids,
-                                                  validate_disk, validate_image, validate_network, with_image_env,
-                                                  workload_env)
+                                                  shares_host_network, validate_disk, validate_image,
+                                                  validate_network, with_image_env, workload_env)
 from orchard.sandbox.backends.local.cgroups import CgroupSet
 from orchard.sandbox.backends.local.config import AGENT_APART_ENV, LocalConfig, local_capabilities
 from orchard.sandbox.backends.local.gateway import gateway_socket_for, model_gateway_socket
@@ -292,7 +292,7 @@ class LocalBackend:
         harness_bundles = [(built.manifest.spec.name, built.path)
                            for built in require_built(spec.bundles, self.bundle_cache_dir)]
         bwrap, bundle = await self._resources()
-        env = agent_env()  # the agent's own: nothing of the spec's or the image's
+        env = agent_env(shares_host_network(spec))  # the agent's own: nothing of the spec's or the image's
         commands_env = encode_workload_env(workload_env(spec, rootfs))
         paths = self._paths(sandbox_id)
         if len(str(paths.socket).encode()) > MAX_SOCKET_PATH:

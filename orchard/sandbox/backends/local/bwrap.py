@@ -212,15 +212,23 @@ def workload_env(spec: SandboxSpec, rootfs: Path | None) -> dict[str, str]:
     return env
 
 
-def agent_env() -> dict[str, str]:
+def agent_env(host_network: bool = False) -> dict[str, str]:
     """The agent's own environment, the same for every sandbox: nothing of the spec's or the image's, so
     no variable can change what the bundled loader and interpreter load (the interpreter also starts
     isolated, bundle.INTERPRETER_FLAGS). Where its token and its commands' environment are. LC_ALL=C:
     the C library's built-in locale, so that the agent reads no locale or gconv file of the image's (its
-    interpreter's UTF-8 mode, -X utf8, does without them)."""
-    return {"PATH": SANDBOX_PATH, "LC_ALL": "C",
-            "ORCHARD_AGENT_TOKEN_FILE": f"{RUN_MOUNT_POINT}/{TOKEN_NAME}",
-            "ORCHARD_AGENT_ENV_FILE": WORKLOAD_ENV_FILE}
+    interpreter's UTF-8 mode, -X utf8, does without them). `host_network`: the sandbox shares the host's
+    network namespace, so the agent opens none of its ports (its loopback is the host's: agent/ports.py)."""
+    env = {"PATH": SANDBOX_PATH, "LC_ALL": "C", "ORCHARD_AGENT_TOKEN_FILE": f"{RUN_MOUNT_POINT}/{TOKEN_NAME}",
+           "ORCHARD_AGENT_ENV_FILE": WORKLOAD_ENV_FILE}
+    if host_network:
+        env["ORCHARD_AGENT_HOST_NETWORK"] = "1"
+    return env
+
+
+def shares_host_network(spec: SandboxSpec) -> bool:
+    """Network 'open' without a gateway shares the host's network namespace (`--share-net`)."""
+    return spec.network.mode == "open" and not spec.network.gateway
 
 
 def encode_workload_env(env: dict[str, str]) -> bytes:
@@ -340,7 +348,7 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
     `hold_fd`: bwrap's init blocks reading it once every mount is made, and runs no command while it
     does: the agent zygote forks the agent into the namespaces instead (zygote.py)."""
     args = ["--unshare-all"]
-    if spec.network.mode == "open" and not spec.network.gateway:  # with it: routed (netns.routed)
+    if shares_host_network(spec):  # with a gateway: routed (netns.routed)
         args.append("--share-net")
     args += ["--cap-drop", "ALL"]
     if userns_block_fd is not None:
