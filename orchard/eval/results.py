@@ -56,7 +56,7 @@ class EvalSettings(EvalConfig):
 class Attempt(BaseModel):
     """One attempt of a task: a rollout with an agent outcome (errors are not attempts)."""
 
-    rollout: int = Field(ge=1, description="the rollout's number (its rollout key's last part)")
+    rollout: int = Field(ge=1, description="the rollout's number (its rollout key's last part; errors count)")
     status: Literal["resolved", "failed"]
     reward: float | None = None
     steps: int = 0
@@ -247,15 +247,19 @@ def latest_by_task(trajectories: list[Trajectory]) -> dict[str, tuple[Trajectory
 
 
 def attempts_by_task(trajectories: list[Trajectory]) -> dict[str, list[Attempt]]:
-    """Each task's attempts (its rollouts with an agent outcome, numbered among all its rollouts), in order."""
+    """Each task's attempts (its rollouts with an agent outcome) in the order they finished, each numbered as
+    its rollout key numbers it (attempts run side by side may finish out of order), else by its position among
+    the task's rollouts."""
     rollouts: dict[str, int] = {}
     attempts: dict[str, list[Attempt]] = {}
     for trajectory in trajectories:
         if trajectory.task_id is None:
             continue
         number = rollouts[trajectory.task_id] = rollouts.get(trajectory.task_id, 0) + 1
+        suffix = (trajectory.rollout_key or "").rpartition(":")[2]
         if rollout_status(trajectory) != "error":
-            attempts.setdefault(trajectory.task_id, []).append(attempt_of(trajectory, number))
+            attempts.setdefault(trajectory.task_id, []).append(
+                attempt_of(trajectory, int(suffix) if suffix.isdigit() and int(suffix) > 0 else number))
     return attempts
 
 
