@@ -171,10 +171,10 @@ def test_oracle_refuses_tools_without_a_shell_and_tasks_without_a_patch(tmp_path
     task = swe_task(tmp_path, "diff --git a/x b/x\n")
     with pytest.raises(InvalidRequest, match=r"tools \(view_file\) have none that runs a command"):
         oracle.next_message(task, [{"role": "user", "content": "go"}], [REACT_TOOLS[1]])
-    with pytest.raises(InvalidRequest, match="has no reference patch"):
+    with pytest.raises(InvalidRequest, match="has neither a reference patch nor a reference solution"):
         oracle.register("no-patch", swe_task(tmp_path, None))
     scripted = Task(id="script-1", instruction="x", grader=ScriptGrader(script="true"))
-    with pytest.raises(InvalidRequest, match="has no reference patch"):
+    with pytest.raises(InvalidRequest, match="has neither a reference patch nor a reference solution"):
         oracle.register("script", scripted)
 
 

@@ -1,5 +1,5 @@
 """`orchard eval`: run a harness with a model over a task suite (`orchard eval --harness H --model M
---suite S`), and check a SWE suite's tasks in sandboxes (`orchard eval validate --suite S`). Thin over
+--suite S`), and check a suite's tasks in sandboxes (`orchard eval validate --suite S`). Thin over
 `orchard.eval`; the progress bar and tables are drawn here."""
 
 from __future__ import annotations
@@ -148,8 +148,9 @@ def eval_command(
 @app.command("validate")
 def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None, parallel: ParallelOption = 4,
                      url: UrlOption = None, backend: BackendOption = None) -> None:
-    """Check a SWE suite in sandboxes with the evaluator's grader: for every task the gold patch must
-    resolve it and the empty patch must not. Exits 1 if any task is invalid."""
+    """Check a suite in sandboxes with the evaluator's grader: for every task the gold patch (SWE) or the
+    reference solution (Harbor's, claw-bench's solve.sh) must resolve it, and the empty patch or a no-op must
+    not. Exits 1 if any task is invalid or cannot run."""
     from orchard.eval.validation import validate_suite
 
     try:
@@ -160,10 +161,12 @@ def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None,
         fail_with(exc)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    table = Table("task", "status", "gold patch", "empty patch", "s", title=f"suite {suite}: gold and empty patches")
+    table = Table("task", "status", "gold patch / solution", "empty patch / no-op", "s",
+                  title=f"suite {suite}: the reference fix and doing nothing")
     for check in checks:
         table.add_row(check.task_id, "[green]ok[/]" if check.valid else "[red]INVALID[/]",
-                      _verdict(check.gold_resolved), _verdict(check.empty_resolved), f"{check.duration_s:.1f}")
+                      _verdict(check.gold_resolved, check.gold_reward),
+                      _verdict(check.empty_resolved, check.empty_reward), f"{check.duration_s:.1f}")
     out.print(table)
     for check in checks:
         for problem in check.problems:
@@ -263,5 +266,6 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
 
-def _verdict(resolved: bool | None) -> str:
-    return "-" if resolved is None else ("resolved" if resolved else "not resolved")
+def _verdict(resolved: bool | None, reward: float | None = None) -> str:
+    verdict = "-" if resolved is None else ("resolved" if resolved else "not resolved")
+    return verdict if reward is None else f"{verdict} ({reward:.2g})"

@@ -81,11 +81,17 @@ class SWETestsGrader(_Strict):
 
 class ScriptGrader(_Strict):
     """Run `script` (shell) in the sandbox after the agent finishes: resolved when it exits 0. The reward is
-    the number in `reward_file` (a path in the sandbox) when given, else 1.0 if resolved and 0.0 if not."""
+    the number in `reward_file` (a path in the sandbox) when given, else 1.0 if resolved and 0.0 if not.
+    `files` are placed only then (a verifier's tests, which the agent must never see); `reference_solution`
+    is a shell command that solves the task (what the oracle plays and `orchard eval validate` checks)."""
 
     kind: Literal["script"] = "script"
     script: str = Field(min_length=1)
     reward_file: str | None = None
+    reward_required: bool = Field(default=False, description="a verifier that writes no readable reward is the "
+                                                             "grader's error, not the agent's failed attempt")
+    files: list[TaskFile] = Field(default_factory=list, description="placed just before the script runs")
+    reference_solution: str | None = None
     timeout_s: float = Field(default=600, gt=0)
 
 

@@ -12,12 +12,18 @@
   `reward_file` it is resolved when it exits 0 (reward 1.0, else 0.0); with one, the reward is the number in
   that file, in [0, 1], and the rollout is resolved when the reward is at least the run's pass threshold (a
   partial score: 0.6 of the checks passed resolves a task only where the suite passes at 0.6). A script that
-  cannot be started (exit 126/127) is a GraderError.
+  cannot be started (exit 126/127) is a GraderError. The grader's `files` (a verifier's tests) are placed
+  first. The reward file holds a number, or JSON: a number or an object with a numeric "reward" (Harbor's
+  reward.json). With `reward_required` (the task dialects' verifiers, which always write a reward), a missing
+  or unreadable reward is a GraderError naming the task and the file: the verifier broke, not the agent.
 
 A sandbox that fails while grading raises (an OrchardError): the runner records that as a grader error."""
 
 from __future__ import annotations
 
+import json
+import math
+import posixpath
 import shlex
 from typing import Optional, Sequence
 
@@ -91,7 +97,11 @@ async def grade_script(sandbox: Sandbox, task: Task, *, pass_threshold: float = 
     grader = task.grader
     if not isinstance(grader, ScriptGrader):
         raise InvalidRequest(f"task {task.id} has no script grader")
-    result = await sandbox.exec(grader.script, cwd=task.environment.workdir, timeout=grader.timeout_s)
+    workdir = task.environment.workdir
+    for file in grader.files:
+        path = file.path if posixpath.isabs(file.path) else posixpath.join(workdir, file.path)
+        await sandbox.write_file(path, file.data(), mode=file.mode)
+    result = await sandbox.exec(grader.script, cwd=workdir, timeout=grader.timeout_s)
     if result.exit_code in (126, 127):
         raise GraderError(f"task {task.id}: the grader script could not be started (exit {result.exit_code}): "
                           f"{result.output.strip()[-300:]}")
@@ -101,6 +111,11 @@ async def grade_script(sandbox: Sandbox, task: Task, *, pass_threshold: float = 
     reward = 1.0 if resolved else 0.0
     if grader.reward_file is not None:
         reward, details["reward_file"] = await _read_reward(sandbox, grader.reward_file)
+        if grader.reward_required and details["reward_file"] != "read":
+            raise GraderError(f"task {task.id}: the verifier's reward file {grader.reward_file} is "
+                              f"{details['reward_file']} (the verifier exited {result.exit_code}"
+                              f"{', timed out' if result.timed_out else ''}; its output ends: "
+                              f"{_one_line(result.output)[-300:]})")
         resolved = reward >= pass_threshold
         details["pass_threshold"] = pass_threshold
     return Outcome(resolved=resolved, reward=reward, details=details)
@@ -112,10 +127,31 @@ async def _read_reward(sandbox: Sandbox, path: str) -> tuple[float, str]:
     probe = await sandbox.exec(["head", "-c", str(REWARD_FILE_MAX_BYTES), path], timeout=30)
     if probe.exit_code != 0:
         return 0.0, f"missing: {probe.stderr.strip()[:200]}"
-    try:
-        reward = float(probe.stdout.strip())
-    except ValueError:
-        return 0.0, f"not a number: {probe.stdout.strip()[:80]!r}"
+    text = probe.stdout.strip()
+    reward = _reward_of(text)
+    if reward is None:
+        return 0.0, f"not a number: {text[:80]!r}"
     if not 0.0 <= reward <= 1.0:  # NaN included
-        return 0.0, f"not a reward in [0, 1]: {probe.stdout.strip()[:80]!r}"
+        return 0.0, f"not a reward in [0, 1]: {text[:80]!r}"
     return reward, "read"
+
+
+def _reward_of(text: str) -> float | None:
+    """A plain number, or JSON: a number or an object whose "reward" is one (Harbor's reward.json)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = value.get("reward")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -8,12 +8,13 @@ A built-in suite is a directory under the project's `eval/` (e.g. `eval/swe-mini
 A non-editable install (a wheel) does not carry `eval/`: point ORCHARD_EVAL_DIR at a copy of it, or pass the
 suite's directory itself as `--suite`.
 
-Two on-disk formats are read:
+Three on-disk formats are read:
 - an Orchard suite (`tasks.jsonl` of `Task`s, or of SWE-bench instances with `suite.json` saying
   `"format": "swebench"`; see `orchard.core.task_suite`), run in the images the tasks name;
 - a local SWE suite like swe-mini: `tasks.jsonl` of SWE-bench instances plus `repos/<instance_id>/`, the base
   repository of each. Each task runs in the `host` image at /testbed, with the repository's files placed
-  there and committed as the only commit of a fresh git repository, as SWE-bench images have it."""
+  there and committed as the only commit of a fresh git repository, as SWE-bench images have it;
+- a directory of task directories, each Harbor's or claw-bench's (orchard/eval/dialects/), as they are."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.jsonl import read_jsonl
 from orchard.core.task import SWEBENCH_WORKDIR, SWEBenchInstance, Task, TaskEnvironment, TaskFile
 from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite
+from orchard.eval.dialects import holds_task_dirs, load_task_dirs
+from orchard.eval.load_errors import LOAD_ERROR_KEY
 
 EVAL_DIR_ENV = "ORCHARD_EVAL_DIR"
-LOAD_ERROR_KEY = "orchard.load_error"  # Task.metadata: why the task cannot run (its trial is an error)
 REPOS_DIR = "repos"
 # Never part of a task repository (caches and an existing git directory).
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache"})
@@ -49,7 +51,7 @@ def available_suites() -> dict[str, Path]:
     suites: dict[str, Path] = {}
     for root in eval_roots():
         for directory in sorted(root.iterdir()):
-            if (directory / TASKS_FILE).is_file():
+            if (directory / TASKS_FILE).is_file() or holds_task_dirs(directory):
                 suites.setdefault(directory.name, directory)
     return suites
 
@@ -74,7 +76,29 @@ def load_suite(name_or_dir: str | Path | TaskSuite) -> TaskSuite:
     directory = resolve_suite(name_or_dir)
     if (directory / REPOS_DIR).is_dir() and _holds_swebench_instances(directory):
         return load_local_swe_suite(directory)
+    if not (directory / TASKS_FILE).exists() and holds_task_dirs(directory):
+        return load_task_dir_suite(directory)
     return TaskSuite.load(directory)
+
+
+def load_task_dir_suite(directory: Path) -> TaskSuite:
+    """A directory of task directories (Harbor's or claw-bench's, orchard/eval/dialects/), named by its
+    suite.json when it has one (its name, description, pass_threshold), else after the directory."""
+    name, description, threshold = _manifest_fields(directory)
+    return TaskSuite(name=name, description=description, pass_threshold=threshold, tasks=load_task_dirs(directory))
+
+
+def _manifest_fields(directory: Path) -> tuple[str, str, float]:
+    name, description, threshold = directory.resolve().name, "", 1.0
+    manifest = directory / MANIFEST_FILE
+    if manifest.is_file():
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise InvalidRequest(f"{manifest} is not valid JSON: {exc}") from None
+        name, description = data.get("name", name), data.get("description", description)
+        threshold = data.get("pass_threshold", threshold)
+    return name, description, threshold
 
 
 def select_tasks(suite: TaskSuite, task_ids: list[str] | None) -> list[Task]:
@@ -92,12 +116,7 @@ def load_local_swe_suite(directory: str | Path) -> TaskSuite:
     directory = Path(directory)
     instances = read_jsonl(directory / TASKS_FILE, SWEBenchInstance, allow_interrupted_tail=False)
     tasks = [local_swe_task(instance, directory / REPOS_DIR / instance.instance_id) for instance in instances]
-    name, description, threshold = directory.resolve().name, "", 1.0
-    manifest = directory / MANIFEST_FILE
-    if manifest.is_file():
-        data = json.loads(manifest.read_text(encoding="utf-8"))
-        name, description = data.get("name", name), data.get("description", "")
-        threshold = data.get("pass_threshold", threshold)
+    name, description, threshold = _manifest_fields(directory)
     return TaskSuite(name=name, description=description, pass_threshold=threshold, tasks=tasks)
 
 

@@ -1,6 +1,9 @@
-"""`orchard eval validate`: check a SWE suite through the evaluator's own grader, in sandboxes: for every
-task, the gold patch must resolve it and the empty patch must not (its FAIL_TO_PASS tests fail while its
-PASS_TO_PASS tests pass)."""
+"""`orchard eval validate`: check a suite through the evaluator's own grader, in sandboxes. A SWE task: the
+gold patch must resolve it and the empty patch must not (its FAIL_TO_PASS tests fail while its PASS_TO_PASS
+tests pass). A task with a script grader and a reference solution (the task-directory dialects: Harbor's
+solve.sh, claw-bench's): in one fresh sandbox the solution, run as the oracle runs it, must resolve it at the
+suite's pass threshold; in another a no-op (nothing done) must not. A task that cannot run is listed with the
+reason."""
 
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ from pydantic import BaseModel, Field
 from orchard.core.backend import BackendConfig
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import SandboxFactory
-from orchard.core.task import SWETestsGrader, Task
+from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Outcome
 from orchard.eval.grading import grade_swe_patch
+from orchard.eval.script_validation import validate_script_task
 from orchard.eval.suites import LOAD_ERROR_KEY, load_suite, select_tasks
 from orchard.eval.swe_tests import PASSED
 from orchard.sandbox.client import AsyncOrchard
@@ -25,8 +29,10 @@ from orchard.sandbox.client import AsyncOrchard
 class TaskValidation(BaseModel):
     task_id: str
     problems: list[str] = Field(default_factory=list)
-    gold_resolved: bool | None = None
-    empty_resolved: bool | None = None
+    gold_resolved: bool | None = None  # the gold patch, or the reference solution
+    empty_resolved: bool | None = None  # the empty patch, or a no-op
+    gold_reward: float | None = None
+    empty_reward: float | None = None
     duration_s: float = 0.0
 
     @property
@@ -37,27 +43,36 @@ class TaskValidation(BaseModel):
 async def validate_suite(suite: str | Path | TaskSuite, task_ids: list[str] | None = None, *, parallel: int = 4,
                          orchard_url: str | None = None,
                          backend: BackendConfig | str | None = None) -> list[TaskValidation]:
-    tasks = select_tasks(load_suite(suite), task_ids)
+    loaded = load_suite(suite)
+    tasks = select_tasks(loaded, task_ids)
     slots = asyncio.Semaphore(max(1, parallel))
     async with AsyncOrchard(orchard_url, backend=backend) as orch:
 
         async def one(task: Task) -> TaskValidation:
             async with slots:
-                return await validate_task(orch, task)
+                return await validate_task(orch, task, pass_threshold=loaded.pass_threshold)
 
         return list(await asyncio.gather(*(one(task) for task in tasks)))
 
 
-async def validate_task(orch: SandboxFactory, task: Task) -> TaskValidation:
+async def validate_task(orch: SandboxFactory, task: Task, *, pass_threshold: float = 1.0) -> TaskValidation:
     started = time.monotonic()
     result = TaskValidation(task_id=task.id)
-    grader = task.grader
-    if not isinstance(grader, SWETestsGrader) or not grader.reference_patch:
-        result.problems.append("not a SWE task with a reference (gold) patch: nothing to validate")
-        return result
     load_error = task.metadata.get(LOAD_ERROR_KEY)
     if load_error:  # e.g. its repository is missing: grading it would only report git's complaint
         result.problems.append(str(load_error))
+        return result
+    grader = task.grader
+    if isinstance(grader, ScriptGrader) and grader.reference_solution:
+        solved, noop, problems = await validate_script_task(orch, task, pass_threshold)
+        result.gold_resolved, result.gold_reward = (solved.resolved, solved.reward) if solved else (None, None)
+        result.empty_resolved, result.empty_reward = (noop.resolved, noop.reward) if noop else (None, None)
+        result.problems += problems
+        result.duration_s = time.monotonic() - started
+        return result
+    if not isinstance(grader, SWETestsGrader) or not grader.reference_patch:
+        result.problems.append("neither a SWE task with a reference (gold) patch nor a script-graded task with a "
+                               "reference solution: nothing to validate")
         return result
     try:
         gold, empty = await asyncio.gather(grade_swe_patch(orch, task, grader.reference_patch, label="gold patch"),

@@ -1,4 +1,5 @@
-"""The oracle policy: a "model" that solves a task by playing its reference patch through the harness's own
+"""The oracle policy: a "model" that solves a task by playing its reference patch (SWE tasks) or its reference
+solution (a script-graded task's shell command: Harbor's and claw-bench's solve.sh) through the harness's own
 tools. An eval run with it checks the whole pipeline (harness, sandbox, patch extraction, grader) without a
 real model: every task should come out resolved.
 
@@ -10,8 +11,8 @@ next action follows from how many oracle actions the request's `messages` alread
 replayed request gets the same answer. The plan:
 
 1. apply the patch in the task's workdir (`git apply` of a quoted heredoc, or of base64 where the
-   harness's text format could not carry the patch verbatim);
-2. show what changed (`git status --short && git diff --stat`). The FAIL_TO_PASS tests are not run: they
+   harness's text format could not carry the patch verbatim), or run the reference solution's command;
+2. show what changed (`git status --short && git diff --stat`; for a reference solution, `ls -la`). The FAIL_TO_PASS tests are not run: they
    usually come with the grader's test patch, which the agent never sees, and pytest would leave caches in
    the working tree that the runner's `git add -A` would pick up as part of the agent's change;
 3. submit: the `submit`-like tool if offered, else mini-swe-agent's `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`;
@@ -54,7 +55,7 @@ _tasks_lock = threading.Lock()
 
 def register(rollout_key: str, task: Task) -> None:
     """Let the oracle answer the calls of `rollout_key` by playing `task`'s reference patch."""
-    _reference_patch(task)  # refuse now, not at the first model call, a task the oracle cannot play
+    _check_reference(task)  # refuse now, not at the first model call, a task the oracle cannot play
     if not rollout_key:
         raise InvalidRequest("the oracle needs a non-empty rollout key to register a task under")
     with _tasks_lock:
@@ -122,11 +123,15 @@ def next_message(task: Task, messages: list[dict[str, Any]], tools: list[dict[st
     if done >= PLAN_LENGTH and submit is None and _submit_output_came_back(messages):
         return _end_turn_reply()
     call_id = f"{TOOL_CALL_ID_PREFIX}{done}"
+    solution = _reference_solution(task)
+    if step == 0 and solution is not None:
+        return _tool_reply(step, "run the reference solution", call_id, shell.name, shell.arguments(solution))
     if step == 0:
         return _tool_reply(step, "apply the reference patch", call_id, shell.name,
                            shell.arguments(_apply_command(_reference_patch(task), workdir, heredoc=True)))
     if step == 1:
-        return _tool_reply(step, "check the change", call_id, shell.name, shell.arguments(_check_command(workdir)))
+        return _tool_reply(step, "check the change", call_id, shell.name,
+                           shell.arguments(_check_command(workdir, git=solution is None)))
     if submit is not None:
         return _tool_reply(step, "submit", call_id, submit.name, required_arguments(submit, SUBMIT_SUMMARY))
     return _tool_reply(step, "submit", call_id, shell.name, shell.arguments(MINI_SWE_AGENT_SUBMIT))
@@ -134,13 +139,25 @@ def next_message(task: Task, messages: list[dict[str, Any]], tools: list[dict[st
 
 # --- actions ---------------------------------------------------------------------------------------
 
+def _reference_solution(task: Task) -> str | None:
+    """A script-graded task's reference solution (a shell command run in the workdir), if it has one."""
+    solution = getattr(task.grader, "reference_solution", None)
+    return solution if solution and solution.strip() else None
+
+
 def _reference_patch(task: Task) -> str:
     patch = getattr(task.grader, "reference_patch", None)
     if not patch or not patch.strip():
-        raise InvalidRequest(f"task {task.id!r} has no reference patch (its grader's reference_patch is empty), so "
-                             "the oracle cannot play it; use the oracle only with SWE tasks that carry their gold "
-                             "patch")
+        raise InvalidRequest(f"task {task.id!r} has neither a reference patch nor a reference solution, so the "
+                             "oracle cannot play it; use the oracle only with SWE tasks that carry their gold "
+                             "patch, or tasks whose grader has a reference_solution (Harbor's and claw-bench's "
+                             "solve.sh)")
     return patch
+
+
+def _check_reference(task: Task) -> None:
+    if _reference_solution(task) is None:
+        _reference_patch(task)
 
 
 def _apply_command(patch: str, workdir: str, *, heredoc: bool) -> str:
@@ -154,8 +171,8 @@ def _apply_command(patch: str, workdir: str, *, heredoc: bool) -> str:
     return f"cd {workdir} && printf '%s' '{encoded}' | base64 -d | git apply -v"
 
 
-def _check_command(workdir: str) -> str:
-    return f"cd {workdir} && git status --short && git diff --stat"
+def _check_command(workdir: str, *, git: bool = True) -> str:
+    return f"cd {workdir} && git status --short && git diff --stat" if git else f"cd {workdir} && ls -la"
 
 
 def _submit_output_came_back(messages: list[dict[str, Any]]) -> bool:
@@ -218,12 +235,18 @@ def text_action_format(messages: list[dict[str, Any]]) -> TextActionFormat:
 
 def _text_reply(task: Task, messages: list[dict[str, Any]], step: int, workdir: str) -> Completion:
     form = text_action_format(messages)
-    if step == 0:
+    solution = _reference_solution(task)
+    if step == 0 and solution is not None and form.carries(solution):
+        command, what = solution, "run the reference solution"
+    elif step == 0 and solution is not None:
+        encoded = base64.b64encode(solution.encode()).decode()
+        command, what = f"printf '%s' '{encoded}' | base64 -d | bash", "run the reference solution"
+    elif step == 0:
         patch = _reference_patch(task)
         command = _apply_command(patch, workdir, heredoc=form.carries(patch))
         what = "apply the reference patch"
     elif step == 1:
-        command, what = _check_command(workdir), "check the change"
+        command, what = _check_command(workdir, git=solution is None), "check the change"
     else:
         command, what = MINI_SWE_AGENT_SUBMIT, "submit"
     content = f"THOUGHT: {_thought(step, what)}\n\n{form.wrap(command)}"

@@ -1,0 +1,53 @@
+"""Task-directory suites: a directory of task directories, each in one of two dialects, read as it is
+(docs/suites.md):
+
+- Harbor's (harbor.py): `task.toml` with tables, `instruction.md`, `environment/`, `tests/test.sh` writing
+  /logs/verifier/reward.txt or reward.json, `solution/solve.sh`;
+- claw-bench's (claw_bench.py): a flat `task.toml`, `environment/setup.sh` and `solution/solve.sh` taking the
+  workspace as $1, `verifier/test_output.py` run by pytest with `--workspace` (score: checks passed / total).
+
+A task directory that cannot be read (a `task.toml` missing a key, a file missing) becomes a task that is not
+runnable, with the reason (load_errors.py): the rest of the suite runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchard.core.task import Task
+from orchard.eval.dialects.claw_bench import claw_bench_task, is_claw_bench_dir
+from orchard.eval.dialects.common import TASK_TOML, TaskDirError
+from orchard.eval.dialects.harbor import harbor_task
+from orchard.eval.load_errors import unrunnable_task
+
+
+def task_dirs(directory: Path) -> list[Path]:
+    """The task directories directly under `directory` (those with a task.toml), by name."""
+    return sorted(child for child in directory.iterdir() if child.is_dir() and (child / TASK_TOML).is_file())
+
+
+def holds_task_dirs(directory: Path) -> bool:
+    return directory.is_dir() and bool(task_dirs(directory))
+
+
+def load_task_dir(directory: Path) -> Task:
+    """The task of one task directory, in whichever dialect it is written; a task that is not runnable (named
+    after its directory) when it cannot be read."""
+    try:
+        return claw_bench_task(directory) if is_claw_bench_dir(directory) else harbor_task(directory)
+    except TaskDirError as exc:
+        return unrunnable_task(directory.name, str(exc))
+
+
+def load_task_dirs(directory: Path) -> list[Task]:
+    """Every task directory's task; two directories that give one task id are told apart by the second's
+    being not runnable, with the reason."""
+    tasks: list[Task] = []
+    seen: dict[str, Path] = {}
+    for path in task_dirs(directory):
+        task = load_task_dir(path)
+        if task.id in seen:
+            task = unrunnable_task(path.name, f"task {path.name}: its id {task.id!r} is also the id of "
+                                              f"{seen[task.id].name}; task ids must be unique in a suite")
+        seen.setdefault(task.id, path)
+        tasks.append(task)
+    return tasks

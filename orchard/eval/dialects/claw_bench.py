@@ -1,0 +1,107 @@
+"""claw-bench's task directories (PyPI `claw-bench`):
+
+    task/
+      task.toml                 flat: id, title, domain, level, description, timeout, capabilities, ...
+      instruction.md            "workspace/" in it means the workspace (rewritten to its absolute path)
+      environment/setup.sh      makes the workspace's files; the workspace is $1 (environment/data/ beside it)
+      solution/solve.sh         the reference solution; the workspace is $1
+      verifier/test_output.py   pytest checks, run with --workspace=<workspace>
+
+The score is the share of checks that pass, a reward in [0, 1]: a task is resolved at the suite's pass
+threshold (1.0 by default, claw-bench's own verdict: no check fails). The workspace is the sandbox's
+/workspace; setup runs from a copy of environment/ that is removed before the agent starts, and the
+verifier is placed only when the agent is done."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchard.core.task import ScriptGrader, Task, TaskEnvironment, TaskFile
+from orchard.eval.dialects.common import (INSTRUCTION_MD, TASK_TOML, TaskDirError, dir_files, read_text, read_toml,
+                                          unpack_command)
+
+WORKSPACE = "/workspace"
+SETUP_DIR = "/tmp/orchard-claw-task"  # environment/ for setup.sh, gone before the agent starts
+VERIFIER_DIR = "/tmp/orchard-claw-verifier"
+REWARD_FILE = f"{VERIFIER_DIR}/reward"
+VERIFIER_TIMEOUT_S = 300.0
+# The --workspace option and fixture that claw-bench's tasks/conftest.py gives every verifier.
+CONFTEST = '''import pathlib
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--workspace", action="store", default=None, help="the task's workspace")
+
+
+@pytest.fixture
+def workspace(request):
+    return pathlib.Path(request.config.getoption("--workspace"))
+'''
+# checks passed / checks run, from pytest's JUnit XML; nothing printed when no check ran
+SCORE = '''import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+count = lambda key: sum(int(suite.get(key, 0)) for suite in suites)
+total = count("tests") - count("skipped")
+if total > 0:
+    print((total - count("failures") - count("errors")) / total)
+'''
+
+
+class ClawBenchTaskToml(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    id: str = Field(pattern=r"^[a-z]+-[0-9]{3}$")
+    title: str = Field(min_length=1)
+    domain: str = Field(min_length=1)
+    level: str = Field(pattern=r"^L[1-4]$")
+    description: str
+    timeout: int = Field(ge=1)
+    capabilities: list[str] = Field(min_length=1)
+    skills_allowed: bool = True
+    tags: list[str] = Field(default_factory=list)
+
+
+def is_claw_bench_dir(directory: Path) -> bool:
+    """claw-bench's layout: a verifier/ directory, or (to name the right dialect in an error) no tables."""
+    if (directory / "verifier").is_dir():
+        return True
+    if (directory / "tests").is_dir():
+        return False
+    text = (directory / TASK_TOML).read_text(encoding="utf-8", errors="replace")
+    return re.search(r"^\s*\[", text, flags=re.MULTILINE) is None
+
+
+def verifier_script() -> str:
+    """pytest over the checks, then the score into REWARD_FILE, only when pytest ran them (exit 0: all passed, 1:
+    some failed); a crash (a collection error, no checks) writes none: the grader's error."""
+    return (f"cd {VERIFIER_DIR} && rm -f reward junit.xml && python -m pytest -q -p no:cacheprovider --rootdir . "
+            f"--junitxml junit.xml verifier/test_output.py --workspace={WORKSPACE}; status=$?; "
+            f'if [ "$status" -le 1 ]; then python - junit.xml > reward <<\'ORCHARD_SCORE\'\n{SCORE}ORCHARD_SCORE\n'
+            "fi; exit $status")
+
+
+def claw_bench_task(directory: Path) -> Task:
+    config = read_toml(directory, ClawBenchTaskToml)
+    instruction = re.sub(r"(?<![\w/.])workspace/", f"{WORKSPACE}/", read_text(directory, INSTRUCTION_MD))
+    for part in ("environment/setup.sh", "solution/solve.sh", "verifier/test_output.py"):
+        if not (directory / part).is_file():
+            raise TaskDirError(f"task {directory.name}: {part} is missing")
+    setup = [f"bash {SETUP_DIR}/environment/setup.sh {WORKSPACE} && rm -rf {SETUP_DIR}"]
+    environment = TaskEnvironment(image="host", workdir=WORKSPACE, files=dir_files(directory / "environment",
+                                                                                   f"{SETUP_DIR}/environment"),
+                                  setup=setup)
+    solve = f'cd {WORKSPACE} && bash "$ORCHARD_TASK_DIR/solution/solve.sh" {WORKSPACE}'
+    files = [*dir_files(directory / "verifier", f"{VERIFIER_DIR}/verifier"),
+             TaskFile(path=f"{VERIFIER_DIR}/conftest.py", content=CONFTEST)]
+    grader = ScriptGrader(script=verifier_script(), reward_file=REWARD_FILE, reward_required=True, files=files,
+                          timeout_s=VERIFIER_TIMEOUT_S,
+                          reference_solution=unpack_command(directory, ["environment", "solution"], solve))
+    return Task(id=config.id, instruction=instruction, environment=environment, grader=grader,
+                metadata={"dialect": "claw-bench", "claw_bench": config.model_dump(exclude={"id"}),
+                          "agent_timeout_s": float(config.timeout)})
