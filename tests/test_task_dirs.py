@@ -84,7 +84,8 @@ def _rewrite(path: Path, old: str, new: str) -> None:
     (HARBOR, "timeout_sec = 120.0", 'timeout_sec = "2 minutes"', "task harbor-hello: task.toml: "
                                                                   "verifier.timeout_sec: Input should be a valid number"),
     (HARBOR, "[agent]", "[agent", "task harbor-hello: task.toml cannot be read: "),
-    (HARBOR, 'docker_image = "debian:bookworm-slim"\n', "", "task harbor-hello: environment/Dockerfile needs building"),
+    (HARBOR, 'docker_image = "debian:bookworm-slim"', 'docker_image = ""', "task harbor-hello: task.toml: "
+                                                                          "environment.docker_image: String should have at least 1 character"),
 ])
 def test_a_bad_task_toml_is_a_task_that_cannot_run_naming_it_and_the_part(suite_copy, task_dir, old, new, problem):
     _rewrite(suite_copy / task_dir / "task.toml", old, new)
@@ -102,6 +103,13 @@ def test_a_missing_part_is_named(suite_copy, task_dir, part):
     task = load_task_dir(suite_copy / task_dir)
     assert task.metadata[LOAD_ERROR_KEY] == f"task {task_dir}: {part} is missing" or \
         task.metadata[LOAD_ERROR_KEY].startswith(f"task {task_dir}: {part} is missing")
+
+
+def test_a_harbor_task_with_neither_an_image_nor_a_dockerfile_is_named(suite_copy):
+    _rewrite(suite_copy / HARBOR / "task.toml", 'docker_image = "debian:bookworm-slim"\n', "")
+    (suite_copy / HARBOR / "environment" / "Dockerfile").unlink()
+    assert load_task_dir(suite_copy / HARBOR).metadata[LOAD_ERROR_KEY] == (
+        "task harbor-hello: task.toml names no [environment] docker_image and environment/Dockerfile is missing")
 
 
 def test_two_task_dirs_with_one_id_are_told_apart(suite_copy):
@@ -208,3 +216,96 @@ async def test_a_run_goes_on_past_a_task_that_cannot_run(embedded_home, suite_co
     assert by_id[HARBOR].exit_status == "environment_error"
     assert by_id[HARBOR].error.endswith("task harbor-hello: tests/test.sh is missing (Harbor's verifier)")
     assert not await live_sandbox_ids(embedded_home)
+
+
+# --- images built from environment/Dockerfile --------------------------------------------------------
+
+DOCKERFILE = """FROM debian:bookworm-slim
+ARG WORD=Hello
+ENV GREETING=${WORD} \\
+    LANG=C.UTF-8
+WORKDIR /app
+COPY files/note.txt ./
+RUN echo "$GREETING from RUN in $(pwd)" > built.txt && \\
+    mkdir -p /opt/tool && cp note.txt /opt/tool/
+CMD ["bash"]
+"""
+# the built image's file system, environment and workdir, checked by the task's own verifier
+BUILT_CHECKS = """[ "$(cat /app/built.txt)" = "Hello from RUN in /app" ] && [ "$(cat /opt/tool/note.txt)" = "noted" ] && \\
+  [ "$GREETING" = Hello ] && [ "$LANG" = C.UTF-8 ] && [ -x /app/greet.sh ] || { echo 0 > /logs/verifier/reward.txt; exit 0; }
+"""
+
+
+def _dockerfile_task(suite: Path, name: str, dockerfile: str) -> Path:
+    task = suite / name
+    shutil.copytree(SUITE / HARBOR, task)
+    _rewrite(task / "task.toml", 'docker_image = "debian:bookworm-slim"\nworkdir = "/app"\n', "")
+    (task / "environment" / "Dockerfile").write_text(dockerfile)
+    (task / "environment" / "files").mkdir()
+    (task / "environment" / "files" / "note.txt").write_text("noted\n")
+    test = task / "tests" / "test.sh"
+    test.write_text(test.read_text().replace("checks=0 passed=0\n", "checks=0 passed=0\n" + BUILT_CHECKS))
+    return task
+
+
+@pytest.mark.slow
+async def test_a_dockerfile_is_built_without_a_daemon_once_and_what_it_cannot_build_is_named(debian_home, tmp_path,
+                                                                                              monkeypatch):
+    monkeypatch.setenv("ORCHARD_HOME", str(debian_home))
+    suite = tmp_path / "built"
+    suite.mkdir()
+    _dockerfile_task(suite, "built", DOCKERFILE)
+    _dockerfile_task(suite, "from-elsewhere", DOCKERFILE.replace("debian:bookworm-slim", "alpine:3.20"))
+    _dockerfile_task(suite, "adds", DOCKERFILE.replace("COPY files/note.txt", "ADD files/note.txt"))
+    _dockerfile_task(suite, "fails", DOCKERFILE.replace("mkdir -p /opt/tool", "false"))
+    built = load_task_dir(suite / "built")
+    assert built.environment.image.startswith("orchard-build/built:") and built.environment.workdir == "/app"
+    checks = {check.task_id: check for check in await validate_suite(suite, backend="local")}
+    assert (checks["built"].valid, checks["built"].gold_reward, checks["built"].empty_reward) == (True, 1.0, 0.0), \
+        checks["built"].problems
+    assert checks["from-elsewhere"].problems == [
+        "task from-elsewhere: its image cannot be built from environment/Dockerfile: its base image alpine:3.20 is not "
+        "in the local image store (import it: `orchard image import ARCHIVE --name alpine:3.20`)"]
+    assert checks["adds"].problems == [
+        "task adds: its image cannot be built from environment/Dockerfile: line 6: ADD is not supported by the local "
+        "builder (it builds FROM, RUN, WORKDIR, ENV, COPY, ARG and USER root)"]
+    (problem,) = checks["fails"].problems
+    assert problem.startswith("task fails: its image cannot be built from environment/Dockerfile: line 7: RUN echo")
+    assert "failed with exit code 1" in problem
+    # the image is cached by the content hash of the Dockerfile and its context: not built again
+    from orchard.sandbox.images import ImageStore
+    record = ImageStore(debian_home / "images").resolve(built.environment.image)
+    again = await validate_suite(suite, ["built"], backend="local")
+    assert again[0].valid and ImageStore(debian_home / "images").resolve(built.environment.image) == record
+    assert not await live_sandbox_ids(debian_home)
+
+
+@pytest.mark.docker
+async def test_on_the_docker_backend_the_dockerfile_is_built_by_docker_build(tmp_path, short_tmp, monkeypatch):
+    """The daemon's own Debian test image tagged as the task's base (it has no registry to pull from): `docker
+    build` of the task's Dockerfile (ADD included, which only the local builder refuses), then validated there."""
+    from tests.docker_daemon import TEST_IMAGE, require_daemon
+    docker = pytest.importorskip("docker")
+    from orchard.sandbox.backends.docker.config import DockerConfig
+
+    base_url = require_daemon()
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "home"))
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    _dockerfile_task(suite, "built", DOCKERFILE.replace("COPY files/note.txt", "ADD files/note.txt"))
+    image = load_task_dir(suite / "built").environment.image
+    api = docker.APIClient(base_url=base_url, version="auto")
+    tagged = not api.images(name="debian:bookworm-slim")
+    if tagged:
+        api.tag(TEST_IMAGE, "debian", "bookworm-slim")
+    config = DockerConfig(base_url=base_url, default_image=TEST_IMAGE, pull="never", run_dir=short_tmp / "run",
+                          bundle_cache_dir=tmp_path / "home" / "cache")
+    try:
+        (check,) = await validate_suite(suite, backend=config)
+        assert (check.valid, check.gold_reward, check.empty_reward) == (True, 1.0, 0.0), check.problems
+        assert api.images(name=image)
+    finally:
+        for name in [image] + (["debian:bookworm-slim"] if tagged else []):
+            if api.images(name=name):
+                api.remove_image(name)
+        api.close()

@@ -54,6 +54,7 @@ from orchard.eval.results import (TRAJECTORIES_FILE, EvalResults, EvalSettings, 
 from orchard.eval.models import check_model_route
 from orchard.eval.run_config import (TrialTimeouts, check_same_config, harness_defaults, read_config, suite_hash,
                                      write_config)
+from orchard.eval.image_build.prepare import prepare_task_images
 from orchard.eval.suites import load_suite, select_tasks
 from orchard.eval.trial import Trial, TrialRig
 from orchard.gateway.config import GatewayConfig
@@ -155,6 +156,8 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
         raise InvalidRequest("--pool keeps warm sandboxes in the run's own (in-process) orchestrator; a server's "
                              "pools are its own: start it with `orchard serve --pools FILE` (docs/pools.md), or "
                              "drop --pool")
+    # images built from a task's Dockerfile, once; a task whose image cannot be built is that task's error
+    tasks = await prepare_task_images(tasks, backend=backend, orchard_url=orchard_url, client=orchard_client)
     run = _Run(agent, tasks, out, settings, previous, listener)
     run.pools = eval_pools(tasks, pool, bundle)
     return await run.execute(gateway_config, parallel, orchard_url, orchard_client, backend)

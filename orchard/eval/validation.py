@@ -20,6 +20,7 @@ from orchard.core.task import ScriptGrader, SWETestsGrader, Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Outcome
 from orchard.eval.grading import grade_swe_patch
+from orchard.eval.image_build.prepare import prepare_task_images
 from orchard.eval.script_validation import validate_script_task
 from orchard.eval.suites import LOAD_ERROR_KEY, load_suite, select_tasks
 from orchard.eval.swe_tests import PASSED
@@ -44,7 +45,7 @@ async def validate_suite(suite: str | Path | TaskSuite, task_ids: list[str] | No
                          orchard_url: str | None = None,
                          backend: BackendConfig | str | None = None) -> list[TaskValidation]:
     loaded = load_suite(suite)
-    tasks = select_tasks(loaded, task_ids)
+    tasks = await prepare_task_images(select_tasks(loaded, task_ids), backend=backend, orchard_url=orchard_url)
     slots = asyncio.Semaphore(max(1, parallel))
     async with AsyncOrchard(orchard_url, backend=backend) as orch:
 

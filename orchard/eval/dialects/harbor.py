@@ -10,8 +10,9 @@
       solution/solve.sh the reference solution (the oracle's)
 
 The tests are placed at /tests only when the agent is done; the verifier must write a reward (a missing or
-garbled one is a grader error naming the task). The agent works in the image's /app unless
-`[environment] workdir` says otherwise."""
+garbled one is a grader error naming the task). Without `docker_image` the image is built from
+environment/Dockerfile before the run (orchard/eval/image_build/). The agent works in `[environment]
+workdir`, else the Dockerfile's last WORKDIR, else /app."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchard.core.sandbox import NetworkPolicy
 from orchard.core.task import ScriptGrader, Task, TaskEnvironment
 from orchard.eval.dialects.common import INSTRUCTION_MD, TaskDirError, dir_files, read_text, read_toml, unpack_command
+from orchard.eval.image_build.dockerfile import last_workdir
+from orchard.eval.image_build.spec import BUILD_KEY, image_build
 
 TESTS_DIR = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
@@ -86,15 +89,17 @@ def harbor_task(directory: Path) -> Task:
         raise TaskDirError(f"task {directory.name}: tests/test.sh is missing (Harbor's verifier)")
     if not (directory / "solution" / "solve.sh").is_file():
         raise TaskDirError(f"task {directory.name}: solution/solve.sh is missing (the reference solution)")
-    image = config.environment.docker_image
-    if image is None:
-        if (directory / DOCKERFILE).is_file():
-            raise TaskDirError(f"task {directory.name}: {DOCKERFILE} needs building, which this Orchard does not do "
-                               "yet; name a prebuilt image in task.toml's [environment] docker_image")
-        raise TaskDirError(f"task {directory.name}: task.toml names no [environment] docker_image and "
-                           f"{DOCKERFILE} is missing")
     environment = config.environment
-    workdir = environment.workdir
+    image, workdir, metadata = environment.docker_image, environment.workdir, {}
+    if image is None:  # built from environment/Dockerfile before the run (orchard/eval/image_build/)
+        dockerfile = read_text(directory, DOCKERFILE) if (directory / DOCKERFILE).is_file() else None
+        if dockerfile is None:
+            raise TaskDirError(f"task {directory.name}: task.toml names no [environment] docker_image and "
+                               f"{DOCKERFILE} is missing")
+        build = image_build(directory.name, dockerfile, directory / "environment")
+        image, metadata = build.image, {BUILD_KEY: build.model_dump()}
+        if "workdir" not in environment.model_fields_set:
+            workdir = last_workdir(dockerfile) or workdir
     solve = (f"mkdir -p {SOLUTION_DIR} && cp -R \"$ORCHARD_TASK_DIR/solution/.\" {SOLUTION_DIR}/ && cd "
              f"{shlex.quote(workdir)} && {_exports(config.solution.env)}bash {SOLUTION_DIR}/solve.sh")
     grader = ScriptGrader(script=verifier_script(config), reward_file=REWARD_COPY, reward_required=True,
@@ -104,4 +109,4 @@ def harbor_task(directory: Path) -> Task:
     return Task(id=directory.name, instruction=instruction,
                 environment=TaskEnvironment(image=image, workdir=workdir, env=dict(environment.env), network=network),
                 grader=grader, metadata={"dialect": "harbor", "harbor": config.metadata,
-                                         "agent_timeout_s": config.agent.timeout_sec})
+                                         "agent_timeout_s": config.agent.timeout_sec, **metadata})
