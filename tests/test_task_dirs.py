@@ -2,7 +2,9 @@
 eval/task-dirs-mini as the example. Loading (each dialect's task.toml, a bad one a task that cannot run named
 with the part), grading in real local sandboxes (claw-bench's checks passed / total, Harbor's reward.json,
 a verifier that crashes or writes garbage: a grader error naming the task), `orchard eval validate` (the
-reference solution resolves every task, a no-op none) and a run that keeps going past a broken task."""
+reference solution resolves every task, a no-op none), a run that keeps going past a broken task, images
+built from a Dockerfile (daemon-less on the local backend, `docker build` on Docker), and docs/suites.md's
+examples."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from orchard.eval.suites import available_suites, load_suite
 from orchard.eval.task_sandbox import create_task_sandbox
 from orchard.eval.validation import validate_suite
 from orchard.sandbox.client import AsyncOrchard
+from tests import doc_blocks
 from tests.debian_image import import_debian
 from tests.running_server import live_sandbox_ids
 
@@ -309,3 +312,23 @@ async def test_on_the_docker_backend_the_dockerfile_is_built_by_docker_build(tmp
             if api.images(name=name):
                 api.remove_image(name)
         api.close()
+
+
+# --- docs/suites.md -------------------------------------------------------------------------------------
+
+DOC = doc_blocks.ROOT / "docs" / "suites.md"
+
+
+def test_the_pages_commands_layouts_and_task_tomls_are_the_real_ones():
+    doc_blocks.check_cli_lines(DOC)
+    doc_blocks.check_diagram_blocks(DOC)
+    doc_blocks.check_in_file_blocks(DOC)
+    assert {kind for kind, *_ in doc_blocks.blocks(DOC)} == {"cli", "diagram", "in-file", "python"}
+
+
+@pytest.mark.slow
+def test_the_pages_python_runs_as_written(embedded_home, capsys):
+    (_, code, line), = doc_blocks.of_kind(DOC, "python")
+    doc_blocks.run_python(code, f"suites.md:{line}", {})
+    printed = capsys.readouterr().out
+    assert printed.strip() == code.split("# ", 1)[1].splitlines()[0].strip()
