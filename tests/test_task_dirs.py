@@ -69,7 +69,7 @@ def test_both_dialects_load_from_the_example_suite_by_name():
         assert isinstance(grader, ScriptGrader) and grader.reward_required and grader.reference_solution
         placed = [file.path for file in task.environment.files]
         assert not [path for path in placed if "verifier" in path or "tests" in path or "solution" in path]
-    assert [f.path for f in harbor.grader.files] == ["/tests/test.sh"] and harbor.grader.files[0].mode == 0o755
+    assert [f.path for f in harbor.grader.files] == ["/tests/test.sh"] and harbor.grader.files[0].mode & 0o111
     assert "/tmp/orchard-claw-verifier/verifier/test_output.py" in [f.path for f in claw.grader.files]
 
 
