@@ -50,6 +50,9 @@ class BackendCapabilities(BaseModel):
     model_gateway: bool = False
     # `spec.bundles`: it mounts built harness bundles read-only at HARNESS_MOUNT_ROOT/<name>.
     harness_bundles: bool = False
+    # `spec.services`: it runs task services under a user of their own that the commands cannot signal or
+    # read (the agent's POST /services).
+    services: bool = False
 
     def lacks(self, spec: SandboxSpec) -> list[str]:
         """What `spec` asks for that these capabilities do not have, one phrase each (empty: all there)."""
@@ -65,6 +68,9 @@ class BackendCapabilities(BaseModel):
                            "`model_gateway` in its config (`orchard serve --model-gateway ...`)")
         if spec.bundles and not self.harness_bundles:
             missing.append(f"harness bundles (it cannot mount {', '.join(spec.bundles)})")
+        if spec.services and not self.services:
+            missing.append("task services kept apart from the commands (spec.services; the local backend as root "
+                           "has them)")
         kind = image_kind(spec.image)
         if kind not in self.image_kinds:
             runs = ", ".join(IMAGE_KIND_MEANING[k] for k in sorted(self.image_kinds))

@@ -114,6 +114,8 @@ class SandboxSpec(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS)
     bundles: list[str] = Field(default_factory=list, max_length=MAX_BUNDLES,
                                description=f"harness bundles mounted read-only at {HARNESS_MOUNT_ROOT}/<name>")
+    services: bool = Field(default=False, description="the sandbox runs task services under a user of their own, "
+                           "out of its commands' reach (docs/services.md); refused where the backend cannot")
 
     @field_validator("bundles")
     @classmethod
@@ -224,6 +226,28 @@ class FileInfo(BaseModel):
     size: int = 0
     mode: int = 0
     mtime: float = 0.0
+
+
+class ServiceStart(BaseModel):
+    """A task service to start in a sandbox made with `services=True` (the agent's `POST /services`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")
+    command: str = Field(min_length=1, description="a shell command line, run in the service's state directory")
+    env: dict[str, str] = Field(default_factory=dict)
+    seed_dir: str | None = Field(default=None, description="copied into the state directory before it starts")
+
+
+class ServiceStatus(BaseModel):
+    """A service as the agent reports it (`GET /services`)."""
+
+    name: str
+    pid: int
+    running: bool
+    exit_code: int | None = None
+    state_dir: str
+    log: str = Field(default="", description="its stdout and stderr, the last 256 KiB")
+    log_dropped_bytes: int = 0
 
 
 class SessionResult(BaseModel):
@@ -377,6 +401,16 @@ class Sandbox(Protocol):
     async def cpu_seconds(self) -> float | None:
         """CPU time every process of the sandbox has used so far (approximate: 10 ms ticks; None when
         unknown)."""
+        ...
+    async def start_service(self, service: ServiceStart) -> ServiceStatus:
+        """Start a task service under the services' own user (a sandbox made with `services=True`)."""
+        ...
+    async def services(self) -> list[ServiceStatus]:
+        """The services started in the sandbox, whether each still runs, and its log."""
+        ...
+    async def exec_as_service(self, command: str | list[str], *, env: dict[str, str] | None = None,
+                              timeout: float | None = None) -> ExecResult:
+        """Run a command as the services' user (a grader reading their state)."""
         ...
     async def listening_ports(self) -> list[int]:
         """The TCP ports a server listens on inside the sandbox that `open_port` can reach."""

@@ -30,7 +30,7 @@ from orchard.core.errors import (
     SandboxLost, error_from_code, exception_text,
 )
 from orchard.core.sandbox import (DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, ExecEvent, ExecResult, FileInfo,
-                                  SessionResult, StartupTimings)
+                                  ServiceStart, ServiceStatus, SessionResult, StartupTimings)
 from orchard.sandbox import tar_stream
 from orchard.sandbox.ports import PortForward, check_port, connect_port
 
@@ -192,6 +192,29 @@ class AgentSandbox:
         (see docs/agent-protocol.md): approximate, in 10 ms ticks; None when the agent cannot tell."""
         value = json.loads((await self._call("GET", "/stats")).content).get("cpu_seconds")
         return float(value) if isinstance(value, (int, float)) else None
+
+    # -- services ---------------------------------------------------------------------------------------
+
+    async def start_service(self, service: ServiceStart) -> ServiceStatus:
+        """Start a task service under the services' own user, apart from the commands (docs/services.md);
+        InvalidRequest where the sandbox was not made with `services=True`."""
+        resp = await self._call("POST", "/services", json_body=service.model_dump(exclude_none=True))
+        return ServiceStatus.model_validate_json(resp.content)
+
+    async def services(self) -> list[ServiceStatus]:
+        found = json.loads((await self._call("GET", "/services")).content)["services"]
+        return [ServiceStatus.model_validate(s) for s in found]
+
+    async def exec_as_service(self, command: str | list[str], *, env: dict[str, str] | None = None,
+                              timeout: float | None = None, max_output_bytes: int | None = None) -> ExecResult:
+        """`exec` as the services' user, in the agent's own pid namespace: what a grader reading the
+        services' state runs."""
+        request = self._client.build_request(
+            "POST", self._exec_url.copy_with(path="/services/exec"),
+            content=_exec_body(command, None, env, None, timeout, max_output_bytes),
+            headers=self._json_headers, timeout=_command_timeout(timeout))
+        resp = await self._send(request)
+        return ExecResult.model_validate_json(resp.content)
 
     # -- ports ------------------------------------------------------------------------------------------
 

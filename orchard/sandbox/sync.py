@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import AsyncIterator, Awaitable, Iterator, Self, TypeVar
 
 from orchard.core.errors import InvalidRequest
-from orchard.core.sandbox import (ExecEvent, ExecResult, FileInfo, PortForwarding, Sandbox, SessionResult,
-                                  ShellSession)
+from orchard.core.sandbox import (ExecEvent, ExecResult, FileInfo, PortForwarding, Sandbox, ServiceStart,
+                                  ServiceStatus, SessionResult, ShellSession)
 from orchard.sandbox.agent_client import DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES
 
 T = TypeVar("T")
@@ -197,6 +197,16 @@ class SyncSandbox(_ClosedOnExit):
     def shell(self, name: str = "default", *, cwd: str | None = None,
               env: dict[str, str] | None = None) -> SyncShellSession:
         return SyncShellSession(self._loop.run(self.async_sandbox.shell(name, cwd=cwd, env=env)), self._loop)
+
+    def start_service(self, service: ServiceStart) -> ServiceStatus:
+        return self._loop.run(self.async_sandbox.start_service(service))
+
+    def services(self) -> list[ServiceStatus]:
+        return self._loop.run(self.async_sandbox.services())
+
+    def exec_as_service(self, command: str | list[str], *, env: dict[str, str] | None = None,
+                        timeout: float | None = None) -> ExecResult:
+        return self._loop.run(self.async_sandbox.exec_as_service(command, env=env, timeout=timeout))
 
     def listening_ports(self) -> list[int]:
         return self._loop.run(self.async_sandbox.listening_ports())

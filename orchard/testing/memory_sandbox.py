@@ -165,6 +165,18 @@ class MemorySandbox:
         self._record("cpu_seconds")
         return None  # nothing runs, so nothing is measured
 
+    async def start_service(self, service):
+        self._record("start_service", name=service.name)
+        raise InvalidRequest(f"the in-memory sandbox {self.id} runs nothing, so it runs no service")
+
+    async def services(self) -> list:
+        self._record("services")
+        return []
+
+    async def exec_as_service(self, command, *, env=None, timeout=None):
+        self._record("exec_as_service", command=command)
+        raise InvalidRequest(f"the in-memory sandbox {self.id} runs nothing, so it runs no service")
+
     async def listening_ports(self) -> list[int]:
         self._record("listening_ports")
         return []  # nothing runs, so nothing listens

@@ -1,6 +1,6 @@
 """Start the agent: `python -m orchard_agent --listen unix:PATH|tcp:HOST:PORT|fd:N [--workdir DIR]
 [--user UID:GID [--agent-user UID:GID] [--init-user UID:GID]] [--gateway unix:PATH|tcp:HOST:PORT]
-[--workload-cgroup-fds N[,M...]]`.
+[--workload-cgroup-fds N[,M...]] [--service-user UID:GID]`.
 
 `--gateway`: relay 127.0.0.1:4000 (in the sandbox's network namespace) to the model gateway there; see
 forward.py. It listens before the agent reports READY.
@@ -9,6 +9,9 @@ forward.py. It listens before the agent reports READY.
 identity.py. With `--user`, the agent first tries to give its commands a pid namespace of their own, in
 which it has no pid (they cannot signal it); `--init-user` is the uid of that namespace's init (default:
 the commands'); see pidns.py.
+
+`--service-user`: the uid the task's services run as, apart from the commands and the agent (needs the
+agent's CAP_SETUID, kept with `--agent-user`); without it services are refused (services.py).
 
 `--workload-cgroup-fds`: open `cgroup.procs` files of the sandbox's `workload` cgroup(s), into which the
 agent puts the process that starts its commands (or, where that cannot work, itself) before serving; see
@@ -104,9 +107,10 @@ def _parse_with_argparse(argv):
                         help="unix:PATH or tcp:HOST:PORT of the model gateway, relayed at 127.0.0.1:4000")
     parser.add_argument("--workload-cgroup-fds", default=None,
                         help="N[,M...]: open cgroup.procs files of the workload's cgroup(s)")
+    parser.add_argument("--service-user", default=None, help="UID:GID the task's services run as")
     args = parser.parse_args(argv)
     return (args.listen, args.workdir, args.user, args.agent_user, args.init_user, args.gateway,
-            args.workload_cgroup_fds)
+            args.workload_cgroup_fds, args.service_user)
 
 
 def parse_args(argv):
@@ -114,7 +118,7 @@ def parse_args(argv):
     read directly; anything else (--help, a typo, a missing value) goes to argparse, whose import (~1.5 ms)
     every sandbox's start would otherwise pay."""
     options = {"--listen": None, "--workdir": None, "--user": None, "--agent-user": None, "--init-user": None,
-               "--gateway": None, "--workload-cgroup-fds": None}
+               "--gateway": None, "--workload-cgroup-fds": None, "--service-user": None}
     i = 0
     while i < len(argv):
         name, equals, value = argv[i].partition("=")
@@ -128,7 +132,7 @@ def parse_args(argv):
     if options["--listen"] is None:
         return _parse_with_argparse(argv)
     return (options["--listen"], options["--workdir"], options["--user"], options["--agent-user"],
-            options["--init-user"], options["--gateway"], options["--workload-cgroup-fds"])
+            options["--init-user"], options["--gateway"], options["--workload-cgroup-fds"], options["--service-user"])
 
 
 def _drop_start_dir():
@@ -156,7 +160,7 @@ def main(argv=None):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
-    listen, workdir_arg, user, agent_user, init_user, gateway, cgroup_fds = parse_args(
+    listen, workdir_arg, user, agent_user, init_user, gateway, cgroup_fds, service_user = parse_args(
         sys.argv[1:] if argv is None else argv)
 
     token = _read_token()  # first: once the agent has its identity, the token file is no longer readable
@@ -184,6 +188,16 @@ def main(argv=None):
         pidns.watch_init()
     elif agent_user or init_user:
         _fail("--agent-user and --init-user need --user (the commands' user)")
+    if service_user:
+        if not agent_user:
+            _fail("--service-user needs --agent-user: only an agent apart from its commands keeps the "
+                  "capability to start services as another user")
+        from . import services
+
+        try:
+            services.configure(service_user)
+        except identity.IdentityError as exc:
+            _fail(str(exc))
     if cgroup_fds:
         from . import workload_cgroup
 

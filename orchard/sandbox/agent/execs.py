@@ -53,7 +53,9 @@ class CommandRun:
     """One running command. `pump(emit)` drives it to the end, handing `emit(stream, bytes)` the kept
     output as it arrives; `result()` is then the ExecResult fields (without stdout/stderr)."""
 
-    def __init__(self, spec: ExecSpec):
+    def __init__(self, spec: ExecSpec, popen=None, child=None):
+        """`popen` and `child`: how and as whom the command starts (default: as the workload's, in its
+        cgroup and pid namespace; services.py runs a check as the task services' user)."""
         self.spec = spec
         self.start = time.monotonic()
         self.deadline = None if spec.timeout is None else self.start + spec.timeout
@@ -63,10 +65,10 @@ class CommandRun:
         self.spawn_error = None
         self.proc = None
         try:
-            self.proc = workload_cgroup.popen(
+            self.proc = (popen or workload_cgroup.popen)(
                 spec.argv, cwd=spec.cwd, env=spec.env, start_new_session=True, close_fds=True,
                 stdin=subprocess.DEVNULL if spec.stdin is None else subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **identity.CHILD)
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **(identity.CHILD if child is None else child))
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
             # Reported like a shell would (127 not found / 126 not executable), as the command's own result.
             self.spawn_error = exc
@@ -223,9 +225,13 @@ class CommandRun:
 
 
 def handle_exec(req) -> dict:
-    spec = ExecSpec(req.json(), req.context)
+    return run_whole(ExecSpec(req.json(), req.context))
+
+
+def run_whole(spec: ExecSpec, popen=None, child=None) -> dict:
+    """Run to the end, holding the kept output: the ExecResult fields."""
     spec.max_output = min(spec.max_output, MAX_BUFFERED_OUTPUT)  # the rest is dropped, flagged truncated
-    run = CommandRun(spec)
+    run = CommandRun(spec, popen, child)
     out = {"stdout": [], "stderr": []}
     run.pump(lambda name, data: out[name].append(data))
     result = run.result()

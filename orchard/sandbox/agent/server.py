@@ -16,7 +16,7 @@ import stat
 import threading
 import time
 
-from . import VERSION, claim, execs, files, http1, pidns, ports, sessions, stats, tars
+from . import VERSION, claim, execs, files, http1, pidns, ports, services, sessions, stats, tars
 from . import workload_cgroup
 from .wire import ApiError, Request, log_error, unquote
 
@@ -68,6 +68,9 @@ EXACT_ROUTES = {
     ("GET", "/files/list"): files.handle_list,
     ("GET", "/tar"): tars.handle_download,
     ("GET", "/ports"): ports.handle_list,
+    ("GET", "/services"): services.handle_list,
+    ("POST", "/services"): services.handle_start,
+    ("POST", "/services/exec"): services.handle_exec,
     ("PUT", "/tar"): tars.handle_upload,
 }
 PATTERN_ROUTES = [

@@ -18,8 +18,8 @@ a POSIX shell, busybox or coreutils, and python3, nc or bash for the network tes
 is as short: an `image`, and a `make_backend_config` giving each orchestrator an `instance` label of its
 own (after skipping without a daemon, or failing with ORCHARD_DOCKER=1).
 
-The checks live one area to a module (lifecycle, execs, files, isolation, model network, ports, limits,
-restart) on the shared fixtures of `_rig.py`; `BackendConformance` is all of them. See docs/conformance.md.
+The checks live one area to a module (lifecycle, execs, files, isolation, model network, ports, services,
+limits, restart) on the shared fixtures of `_rig.py`; `BackendConformance` is all of them. See docs/conformance.md.
 
 A test is skipped only where the backend's `capabilities` say it lacks the thing tested (a network mode,
 a limit); asking for what it lacks must then be refused with InvalidRequest naming the backend, which is
@@ -35,10 +35,11 @@ from orchard.testing.conformance.limits import LimitChecks
 from orchard.testing.conformance.model_network import ModelNetworkChecks
 from orchard.testing.conformance.ports import PortChecks
 from orchard.testing.conformance.restart import RestartChecks
+from orchard.testing.conformance.services import ServiceChecks
 
 
 class BackendConformance(LifecycleChecks, ExecChecks, FileChecks, IsolationChecks, ModelNetworkChecks, PortChecks,
-                         LimitChecks, RestartChecks):
+                         ServiceChecks, LimitChecks, RestartChecks):
     """Subclass in a test module (named Test...) and provide the `make_backend_config` fixture."""
 
 

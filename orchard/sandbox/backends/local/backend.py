@@ -225,7 +225,8 @@ class LocalBackend:
                     # Recorded before anything runs and again once its processes are known, so that list_live
                     # can clean up after a crash at any point (the cgroups hold every process of the sandbox).
                     record()
-                    agent_argv, workload_fds = agent_command(plan, listener, cg, self.agent_apart, handover)
+                    agent_argv, workload_fds = agent_command(plan, listener, cg, self.agent_apart or spec.services,
+                                                             handover)
                     if spare is not None:
                         started = start_from_spare(plan, cg, agent_argv, spare, held)
                     elif zygote is not None:

@@ -55,6 +55,7 @@ SOCKET_NAME = "agent.sock"
 TOKEN_NAME = "token"
 # The workload's environment (bwrap.workload_env), a file beside the token, read by the agent once.
 WORKLOAD_ENV_FILE = f"{RUN_MOUNT_POINT}/env"
+SERVICES_MOUNT = f"{RUN_MOUNT_POINT}/services"  # the task services' state (agent/services.py STATE_ROOT)
 GATEWAY_SOCKET = f"{RUN_MOUNT_POINT}/gateway.sock"  # where the model gateway's socket is bound inside
 # /dev/shm is a tmpfs, i.e. memory: this size, or a quarter of memory_mb when that is less (a full
 # /dev/shm cannot be reclaimed by killing processes, so it must leave room for the rest of the sandbox).
@@ -67,6 +68,9 @@ REMAP_COUNT = 65535
 SANDBOX_USER = "0:0"  # what the commands run as inside: root of the sandbox, host 100000
 # The agent's own with `agent_apart`: one its commands cannot signal, trace or read (host 165533).
 AGENT_USER = "65533:65533"
+# The task's services with `agent_apart` (agent/services.py): apart from the commands and the agent, so that
+# neither the workload nor a service can signal or read the other (host 165532).
+SERVICE_USER = "65532:65532"
 # The init of the commands' pid namespace (see the agent's pidns.py): a uid of its own, so that its /proc
 # files are not the workload's (host 165534).
 INIT_USER = "65534:65534"
@@ -108,6 +112,12 @@ class SandboxPaths(BaseModel):
     @property
     def writable_dir(self) -> Path:
         return self.sandbox_dir / "rw"
+
+    @property
+    def services_dir(self) -> Path:
+        """The task services' state (spec.services), bound at SERVICES_MOUNT: owned by their user, 0700, and
+        a mount point on a read-only tmpfs inside, so the workload can neither enter, rename nor remove it."""
+        return self.sandbox_dir / "services"
 
     @property
     def socket(self) -> Path:
@@ -384,6 +394,8 @@ def bwrap_args(spec: SandboxSpec, rootfs: Path | None, paths: SandboxPaths, bund
         args += ["--perms", "0400", "--ro-bind-data", str(env_fd), WORKLOAD_ENV_FILE]
     if gateway_socket is not None:
         args += ["--ro-bind", str(gateway_socket), GATEWAY_SOCKET]
+    if spec.services:
+        args += ["--bind", str(paths.services_dir), SERVICES_MOUNT]
     args += ["--remount-ro", RUN_MOUNT_POINT, "--remount-ro", "/dev"]
     if harness_bundles:  # a tiny read-only tmpfs holding only the bundles' mount points
         args += ["--size", str(HARNESS_TMPFS_BYTES), "--perms", "0755", "--tmpfs", HARNESS_MOUNT_ROOT]

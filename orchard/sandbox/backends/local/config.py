@@ -57,11 +57,12 @@ class LocalConfig(BackendConfig):
 
 def local_capabilities(model_gateway: bool = False) -> BackendCapabilities:
     """Network 'none' (loopback only) and 'open', 'allowlist' as root with ip, nft and nsenter
-    (netns.py); every limit, `disk_mb` only as root (a size-limited tmpfs needs the mount). Whether
+    (netns.py); every limit, `disk_mb` only as root (a size-limited tmpfs needs the mount); task services
+    as root (their agent runs apart, keeping the capability to start them as their own user). Whether
     this machine's cgroups have each controller is checked per spec at create (limits.py): a limit
     they cannot hold is refused there."""
     limits = {"cpu", "memory_mb", "max_processes"} | ({"disk_mb"} if os.geteuid() == 0 else set())
     modes = {"none", "open"} | ({"allowlist"} if netns.unavailable_reason() is None else set())
     return BackendCapabilities(network_modes=frozenset(modes), limits=frozenset(limits),
                                image_kinds=frozenset({"host", "rootfs", "oci"}), model_gateway=model_gateway,
-                               harness_bundles=True)
+                               harness_bundles=True, services=os.geteuid() == 0)

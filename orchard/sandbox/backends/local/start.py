@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from orchard.core.sandbox import SandboxSpec
-from orchard.sandbox.backends.local.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SandboxPaths,
-                                                  bwrap_args, id_map)
+from orchard.sandbox.backends.local.bwrap import (AGENT_USER, INIT_USER, REMAP_BASE, SANDBOX_USER, SERVICE_USER,
+                                                  SandboxPaths, bwrap_args, id_map)
 from orchard.sandbox.backends.local.cgroups import CgroupSet
 from orchard.sandbox.backends.local.gateway import agent_gateway_args
 from orchard.sandbox.backends.local.launch import (launch_argv, launch_command, limit_lines, release_userns, spawn,
@@ -124,7 +124,12 @@ def bind_agent_socket(paths: SandboxPaths, handover: contextlib.ExitStack) -> so
 
 def make_writable_layer(plan: Plan) -> None:
     """The writable layer's directory; its subdirectories too, unless `disk_mb` puts them on a tmpfs made
-    inside the sandbox's mount namespace."""
+    inside the sandbox's mount namespace. With `spec.services`, the services' state directory, owned by
+    their user (outside `disk_mb`: the task's services, not the workload, write there)."""
+    if plan.spec.services:
+        plan.paths.services_dir.mkdir(mode=0o700)
+        service_uid, service_gid = (int(n) for n in SERVICE_USER.split(":"))
+        os.chown(plan.paths.services_dir, REMAP_BASE + service_uid, REMAP_BASE + service_gid)
     plan.paths.writable_dir.mkdir()
     if plan.spec.disk_mb:
         return
@@ -145,7 +150,7 @@ def agent_command(plan: Plan, listener: socket.socket, cg: CgroupSet | None, age
     if plan.remap:
         argv += ["--user", SANDBOX_USER, "--init-user", INIT_USER]
         if agent_apart:
-            argv += ["--agent-user", AGENT_USER]
+            argv += ["--agent-user", AGENT_USER, "--service-user", SERVICE_USER]
     argv += agent_gateway_args(plan.gateway_socket)
     workload_fds = tuple(handover.enter_context(Fd(os.open(procs, os.O_WRONLY | os.O_CLOEXEC))).fd
                          for procs in (cg.workload_procs_files if cg else []))
