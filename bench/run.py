@@ -22,7 +22,7 @@ from bench import embedded_generation, harness_bundles, model_network, oci_impor
 from bench import sft_throughput
 from bench import kimi_cli
 from bench import openhands
-from bench import caps, pools, ports
+from bench import caps, pools, ports, services
 from bench import rl_step_time, rl_wasted_rollouts
 from bench.console_report import print_measurement
 from bench.machine import collect_machine_info, load_average_1m
@@ -36,7 +36,8 @@ MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
     docker.MEASUREMENT, model_network.MEASUREMENT, harness_bundles.MEASUREMENT, oci_import.MEASUREMENT,
     embedded_generation.MEASUREMENT, rl_wasted_rollouts.MEASUREMENT, rl_step_time.MEASUREMENT,
     sft_throughput.MEASUREMENT, parallel_harnesses.MEASUREMENT, kimi_cli.MEASUREMENT,
-    openhands.MEASUREMENT, pools.MEASUREMENT, caps.MEASUREMENT, ports.MEASUREMENT)}
+    openhands.MEASUREMENT, pools.MEASUREMENT, caps.MEASUREMENT, ports.MEASUREMENT,
+    services.MEASUREMENT)}
 
 _BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_JSON = _BENCH_DIR / "results" / "latest.json"

@@ -46,6 +46,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/networking.md": {"tests/test_docs_networking.py": {"python", "cli", "yaml"}},
     "docs/sandbox-ports.md": {"tests/test_docs_ports.py": {"python"}},
     "docs/suites.md": {"tests/test_task_dirs.py": {"cli", "diagram", "in-file", "python"}},
+    "docs/services.md": {"tests/test_task_services.py": {"json", "python"}},
     "docs/images.md": {"tests/test_oci_images.py": {"shell", "cli", "python"}},
     "docs/orchestrator.md": {PAGES_MODULE: {"signatures"}},
     "docs/pools.md": {"tests/test_docs_pools.py": {"python", "yaml", "cli"}},

@@ -43,6 +43,33 @@ class TaskFile(_Strict):
         return base64.b64decode(self.content) if self.encoding == "base64" else self.content.encode()
 
 
+class TaskService(_Strict):
+    """A service the task runs inside the sandbox (a mail server, a calendar, an MCP server over HTTP),
+    started before the agent under a user of its own that the agent cannot signal, and with state it
+    cannot touch but through the service's own interface (docs/services.md)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="also its environment variables' name")
+    command: str = Field(min_length=1, description="a shell command line, run in the service's state directory")
+    port: int | None = Field(default=None, ge=1, le=65535, description="where it listens; waited for")
+    health_check: str | None = Field(default=None, pattern=r"^/", description="an HTTP path that answers 2xx "
+                                     "once the service is ready (needs `port`)")
+    ready_timeout_s: float = Field(default=30, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    seed_dir: str | None = Field(default=None, description="a directory in the sandbox (placed by the task's "
+                                 "files or setup) copied into the service's state directory before it starts")
+
+    @model_validator(mode="after")
+    def _health_check_needs_a_port(self) -> TaskService:
+        if self.health_check is not None and self.port is None:
+            raise ValueError(f"service {self.name}: a health_check needs the port it is asked on")
+        return self
+
+    @property
+    def env_prefix(self) -> str:
+        """`ORCHARD_SERVICE_<NAME>`: its URL (`_URL`) and state directory (`_STATE`) are named so."""
+        return "ORCHARD_SERVICE_" + self.name.upper().replace("-", "_")
+
+
 class TaskEnvironment(_Strict):
     """Where the agent works: the sandbox image and what is done in it before the agent starts (files
     placed first, then `setup` commands run in order in `workdir`; a failing command fails the task's
@@ -55,11 +82,20 @@ class TaskEnvironment(_Strict):
     files: list[TaskFile] = Field(default_factory=list)
     setup: list[str] = Field(default_factory=list, description="shell commands")
     setup_timeout_s: float = Field(default=600, gt=0, description="per setup command")
+    services: list[TaskService] = Field(default_factory=list, description="started after setup, in parallel")
+
+    @field_validator("services")
+    @classmethod
+    def _unique_service_names(cls, services: list[TaskService]) -> list[TaskService]:
+        names = [service.name for service in services]
+        if len(set(names)) != len(names):
+            raise ValueError(f"service names must be unique: {', '.join(sorted(names))}")
+        return services
 
     def sandbox_spec(self, **overrides: Any) -> SandboxSpec:
         """The SandboxSpec for this environment; `overrides` (cpu, memory_mb, timeout_s, ...) win."""
         fields = {"image": self.image, "workdir": self.workdir, "env": dict(self.env),
-                  "network": self.network.model_copy()}
+                  "network": self.network.model_copy(), "services": bool(self.services)}
         fields.update(overrides)
         return SandboxSpec(**fields)
 
@@ -95,7 +131,20 @@ class ScriptGrader(_Strict):
     timeout_s: float = Field(default=600, gt=0)
 
 
-GraderSpec = Annotated[SWETestsGrader | ScriptGrader, Field(discriminator="kind")]
+class ServicesGrader(_Strict):
+    """Run `script` (shell) after the agent stops as the services' user, where their state directories are
+    readable (`$ORCHARD_SERVICE_<NAME>_STATE`) and their ports reachable (`$ORCHARD_SERVICE_<NAME>_URL`, e.g.
+    a mock service's `/audit` action log). Resolved when it exits 0; with `reward: "stdout"` the reward is
+    the number on the last line it prints (resolved at the pass threshold). No file is read: anything the
+    agent could have written is never taken as a verdict."""
+
+    kind: Literal["services"] = "services"
+    script: str = Field(min_length=1)
+    reward: Literal["exit_code", "stdout"] = "exit_code"
+    timeout_s: float = Field(default=600, gt=0)
+
+
+GraderSpec = Annotated[SWETestsGrader | ScriptGrader | ServicesGrader, Field(discriminator="kind")]
 
 
 class SWEBenchInstance(BaseModel):

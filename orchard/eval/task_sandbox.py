@@ -12,6 +12,7 @@ from typing import Any
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import Sandbox, SandboxFactory
 from orchard.core.task import Task
+from orchard.eval.task_services import service_env, start_services
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -21,7 +22,7 @@ def sandbox_env(task: Task) -> dict[str, str]:
     first on PATH, so `python -m pytest` works for agents and graders alike. Its pytest plugins
     (pytest-asyncio, pytest-timeout, ...) are Orchard's test tooling, not the task's: they are not loaded, so
     a task's tests run under plain pytest (and each run starts ~0.2 s of CPU sooner)."""
-    env = dict(task.environment.env)
+    env = {**service_env(task), **task.environment.env}
     if task.environment.image == "host":
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", DEFAULT_PATH)
         env.setdefault("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
@@ -30,13 +31,15 @@ def sandbox_env(task: Task) -> dict[str, str]:
 
 async def create_task_sandbox(orch: SandboxFactory, task: Task, *, labels: dict[str, str] | None = None,
                               **spec_overrides: Any) -> Sandbox:
-    """A ready sandbox for `task`: files placed, setup done. On any failure the sandbox is deleted; a setup
-    command that fails is an InvalidRequest naming it (the task's environment is broken)."""
+    """A ready sandbox for `task`: files placed, setup done, services ready. On any failure the sandbox is
+    deleted; a setup command that fails is an InvalidRequest naming it, a service that does not get ready a
+    ServiceFailed (the task's environment is broken)."""
     spec = task.environment.sandbox_spec(env=sandbox_env(task), labels=dict(labels or {}), **spec_overrides)
     sandbox = await orch.create(spec)
     try:
         await place_files(sandbox, task)
         await run_setup(sandbox, task)
+        await start_services(sandbox, task)
     except BaseException:
         await sandbox.close()
         raise

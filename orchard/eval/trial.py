@@ -1,7 +1,8 @@
 """A Trial: one attempt of one harness × model on one task, in phases, each timed and with its own limit
 and outcome class:
 
-    environment    a sandbox from the task's environment, files placed, setup run, the base snapshot taken
+    environment    a sandbox from the task's environment, files placed, setup run, services ready, the base
+                   snapshot taken
     harness_setup  the harness's optional `setup(task, sandbox)`
     agent          `harness.run(...)`, told its deadline; cut off there (the steps so far are kept)
     patch          the agent's diff against the base snapshot (SWE tasks), or the script grader run in the
@@ -12,6 +13,9 @@ Only the agent's own outcomes count as attempts (see `orchard.core.run_status`):
 other reason ends the trial as an error with a typed `exit_status` (`environment_error`, `harness_error`,
 `timeout`, `agent_error`, `model_error`, `sandbox_error`, `grader_error`), the steps so far kept. A trial
 never raises, except when it is cancelled (the run was stopped).
+
+A task's services (task_services.py) have their logs kept once the agent stops; one that died meanwhile
+ends the trial as an `environment_error`.
 
 For a harness that runs a program of its own in the sandbox (it names a harness bundle, in_sandbox.py): the
 files it lists in `extra["native_logs"]` are copied out before the sandbox goes (native_logs.py); a class
@@ -42,12 +46,13 @@ from orchard.core.harness import Harness, ModelConfig, SamplingParams, setup_har
 from orchard.core.policy import RolloutHooks
 from orchard.core.run_status import ExitStatus, PhaseName, PhaseRecord
 from orchard.core.sandbox import Sandbox, SandboxFactory, StartupTimings
-from orchard.core.task import ScriptGrader, SWETestsGrader, Task
+from orchard.core.task import ScriptGrader, ServicesGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, LLMCall, Outcome, Trajectory
 from orchard.eval.checkpoint import INTERRUPTED_PHASE, TrialCheckpoint, write_checkpoint
 from orchard.eval.grading import grade_script, grade_swe_patch
 from orchard.eval.in_sandbox import inside_model, sandbox_overrides
 from orchard.eval.native_logs import keep_native_logs
+from orchard.eval.service_grading import grade_services
 from orchard.eval.local_gateway import LocalGateway
 from orchard.eval.partial import offered_tools, trajectory_from_calls
 from orchard.eval.patch import extract_patch, snapshot_base
@@ -55,6 +60,7 @@ from orchard.eval.run_config import TrialTimeouts
 from orchard.eval.step_links import link_steps_to_calls
 from orchard.eval.suites import LOAD_ERROR_KEY
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
+from orchard.eval.task_services import SERVICE_LOGS, ServiceFailed, check_services, keep_service_logs
 from orchard.eval.trial_status import (blame_a_failed_model_call, counts, environment_status, grader_status,
                                       harness_setup_status, patch_status, settle_exit_status)
 
@@ -180,6 +186,7 @@ class Trial:
                               on_error=harness_setup_status, skip_if=lambda: not hasattr(self.rig.harness, "setup"))
             trajectory = await self._agent(sandbox)
             await keep_native_logs(sandbox, trajectory, self.rig.out_dir, self.key)
+            await self._services_after_agent(sandbox, trajectory)
             if counts(trajectory):
                 patch = await self._after_agent(sandbox, base, trajectory)
         except PhaseFailed as failure:
@@ -272,6 +279,17 @@ class Trial:
                                                                  else "error"), error)
         return trajectory
 
+    async def _services_after_agent(self, sandbox: Sandbox, trajectory: Trajectory) -> None:
+        """The services' logs kept with the trial; a service that died meanwhile is the environment's error."""
+        if not self.task.environment.services:
+            return
+        trajectory.extra[SERVICE_LOGS] = await keep_service_logs(sandbox, self.task, self.rig.out_dir, self.key)
+        if counts(trajectory):
+            try:
+                await check_services(sandbox, self.task)
+            except ServiceFailed as exc:
+                raise PhaseFailed("environment_error", str(exc)) from exc
+
     async def _after_agent(self, sandbox: Sandbox, base: str | None, trajectory: Trajectory) -> str | None:
         """The patch (SWE) or the script grader's outcome (script tasks), read before the sandbox goes."""
         cpu_before = self._cpu_before
@@ -290,6 +308,11 @@ class Trial:
             trajectory.outcome = await self._phase("verify", self.rig.timeouts.verify_s,
                                                    lambda: grade_script(sandbox, self.task,
                                                                         pass_threshold=self.rig.pass_threshold),
+                                                   on_error=grader_status)
+        elif isinstance(grader, ServicesGrader):
+            trajectory.outcome = await self._phase("verify", self.rig.timeouts.verify_s,
+                                                   lambda: grade_services(sandbox, self.task,
+                                                                          pass_threshold=self.rig.pass_threshold),
                                                    on_error=grader_status)
         cpu_after = await _cpu_seconds(sandbox)
         if cpu_before is not None and cpu_after is not None:

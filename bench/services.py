@@ -1,0 +1,85 @@
+"""Task services: what starting a task's services adds to a trial's environment phase. The phase is timed
+as the evaluator runs it (`create_task_sandbox`: the sandbox, files, setup, services ready) for the same
+task with three small services (stdlib HTTP servers, each with a port and a health check) and without any,
+in alternating blocks, on the embedded local backend."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from bench.latency import measure_interleaved
+from bench.measurement import BenchContext, Measurement
+from bench.results_model import Findings, Row, Target
+
+ADDED_P50_TARGET_MS = 150.0
+# A small service: answers every GET with 200 (its health check included).
+SERVER = r"""
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def run(ctx: BenchContext) -> Findings:
+    from orchard.core.task import Task, TaskEnvironment, TaskFile, TaskService
+    from orchard.eval.task_sandbox import create_task_sandbox
+    from orchard.sandbox.client import AsyncOrchard
+
+    files = [TaskFile(path="/tmp/server.py", content=SERVER)]
+    services = [TaskService(name=f"svc{i}", command=f"exec python3 /tmp/server.py {8100 + i}", port=8100 + i,
+                            health_check="/health") for i in range(3)]
+    with_services = Task(id="three-services", instruction="-", environment=TaskEnvironment(files=files,
+                                                                                            services=services))
+    without = Task(id="no-services", instruction="-", environment=TaskEnvironment(files=files))
+
+    with asyncio.Runner() as runner:
+        orchard = runner.run(AsyncOrchard().__aenter__())
+        try:
+            def block(task: Task):
+                async def timed(k: int) -> list[float]:
+                    durations = []
+                    for _ in range(k):
+                        started = time.perf_counter()
+                        sandbox = await create_task_sandbox(orchard, task)
+                        durations.append(time.perf_counter() - started)
+                        await sandbox.close()
+                    return durations
+                return lambda k: runner.run(timed(k))
+
+            stats = measure_interleaved({"three services": block(with_services), "none": block(without)},
+                                        warmup=2, runs=ctx.pick(40, 6), rounds=ctx.pick(8, 2))
+        finally:
+            runner.run(orchard.__aexit__(None, None, None))
+    three, none = stats["three services"], stats["none"]
+    return Findings(rows=[
+        Row(metric="environment phase p50, three services ready", unit="ms", ours=three.p50_ms,
+            peers={"the same task without services": none.p50_ms}),
+        Row(metric="added by three services, p50", unit="ms", ours=three.p50_ms - none.p50_ms,
+            targets=[Target(op="<=", limit=ADDED_P50_TARGET_MS)]),
+        Row(metric="environment phase p99, three services ready", unit="ms", ours=three.p99_ms,
+            peers={"the same task without services": none.p99_ms}),
+    ], latencies=stats, notes=[
+        "With services the sandbox's agent runs under a uid of its own (it keeps the capability to start "
+        "the services as theirs), so the figure includes that start path too.",
+        "Each service is a Python interpreter starting an HTTP server; they start at once and are polled "
+        "every 50 ms (the listening port from the agent's socket table, then one GET of the health check).",
+    ])
+
+
+MEASUREMENT = Measurement(
+    name="services",
+    title="Task services: their cost in a trial's environment phase",
+    method=("The evaluator's environment phase (`create_task_sandbox`) for a task on the host image with three "
+            "stdlib HTTP services (a port and a health check each) and for the same task without them, in "
+            "alternating blocks over several rounds on the embedded local backend; each sandbox is deleted "
+            "after its phase is timed."),
+    run=run,
+)

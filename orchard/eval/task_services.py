@@ -1,0 +1,123 @@
+"""A task's services in a trial (docs/services.md): started after the task's setup, all at once, and waited
+for (their port, then their health check) before the agent starts; checked again once the agent stops; their
+logs kept with the trial. A service that does not start, never gets ready or dies is the environment's
+failure (`ServiceFailed`, an `environment_error` naming it with its log's tail), never the agent's."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from urllib.parse import quote
+
+from orchard.core.deadline import Deadline
+from orchard.core.errors import InvalidRequest, OrchardError, PortClosed
+from orchard.core.sandbox import Sandbox, ServiceStart, ServiceStatus
+from orchard.core.task import Task, TaskService
+
+LOG_TAIL_CHARS = 1500
+SERVICES_DIR = "services"  # OUT/services/<rollout key>/<name>.log
+SERVICE_LOGS = "service_logs"  # Trajectory.extra: name -> its log's path, relative to OUT
+POLL_S = 0.01
+
+
+class ServiceFailed(InvalidRequest):
+    """A task service did not start, never got ready, or died: the task's environment is broken."""
+
+
+def service_env(task: Task) -> dict[str, str]:
+    """What the sandbox's commands (and a services grader) are told of each service: its URL."""
+    return {f"{s.env_prefix}_URL": f"http://127.0.0.1:{s.port}" for s in task.environment.services if s.port}
+
+
+async def start_services(sandbox: Sandbox, task: Task) -> None:
+    """Start every service of the task at once and wait until each is ready; ServiceFailed otherwise."""
+    services = task.environment.services
+    if not services:
+        return
+    await asyncio.gather(*(_start(sandbox, task, service) for service in services))
+
+
+async def _start(sandbox: Sandbox, task: Task, service: TaskService) -> None:
+    await sandbox.start_service(ServiceStart(name=service.name, command=service.command, env=service.env,
+                                             seed_dir=service.seed_dir))
+    await _until_ready(sandbox, task, service)
+
+
+async def check_services(sandbox: Sandbox, task: Task) -> None:
+    """ServiceFailed naming the first service of the task that is no longer running."""
+    if not task.environment.services:
+        return
+    for status in await sandbox.services():
+        if not status.running:
+            raise ServiceFailed(f"task {task.id}: service {status.name} ended during the run ({_ending(status)})"
+                                f"{_tail(status)}")
+
+
+async def keep_service_logs(sandbox: Sandbox, task: Task, out_dir: Path | None, rollout_key: str) -> dict[str, str]:
+    """Each service's log, written to OUT/services/<rollout key>/<name>.log; name -> path relative to OUT."""
+    if not task.environment.services or out_dir is None:
+        return {}
+    try:
+        statuses = await sandbox.services()
+    except OrchardError:
+        return {}  # the sandbox is gone: the trial's own error says why
+    destination = out_dir / SERVICES_DIR / quote(rollout_key, safe="")
+    destination.mkdir(parents=True, exist_ok=True)
+    kept = {}
+    for status in statuses:
+        path = destination / f"{status.name}.log"
+        dropped = f"[the first {status.log_dropped_bytes} bytes were not kept]\n" if status.log_dropped_bytes else ""
+        path.write_text(dropped + status.log)
+        kept[status.name] = str(path.relative_to(out_dir))
+    return kept
+
+
+async def _until_ready(sandbox: Sandbox, task: Task, service: TaskService) -> None:
+    deadline = Deadline.after(service.ready_timeout_s)
+    while True:
+        status = next(s for s in await sandbox.services() if s.name == service.name)
+        if not status.running:
+            raise ServiceFailed(f"task {task.id}: service {service.name} ended before it was ready "
+                                f"({_ending(status)}){_tail(status)}")
+        why_not = await _not_ready(sandbox, service)
+        if why_not is None:
+            return
+        if deadline.expired:
+            raise ServiceFailed(f"task {task.id}: service {service.name} was not ready within "
+                                f"{service.ready_timeout_s:g} s ({why_not}){_tail(status)}")
+        await asyncio.sleep(POLL_S)
+
+
+async def _not_ready(sandbox: Sandbox, service: TaskService) -> str | None:
+    """None when ready, else why not yet."""
+    if service.port is None:
+        return None
+    if service.port not in await sandbox.listening_ports():
+        return f"nothing listens on port {service.port}"
+    if service.health_check is None:
+        return None
+    try:
+        reader, writer = await sandbox.open_port(service.port)
+    except PortClosed as exc:
+        return str(exc)
+    try:
+        writer.write(f"GET {service.health_check} HTTP/1.0\r\nHost: 127.0.0.1:{service.port}\r\n\r\n".encode())
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), timeout=10)
+    except (OSError, TimeoutError) as exc:
+        return f"GET {service.health_check} failed: {exc or type(exc).__name__}"
+    finally:
+        writer.close()
+    parts = status_line.split()
+    if len(parts) >= 2 and parts[1][:1] == b"2":
+        return None
+    return f"GET {service.health_check} answered {status_line.decode('latin-1').strip()[:80]!r}"
+
+
+def _ending(status: ServiceStatus) -> str:
+    return f"exit status {status.exit_code}" if status.exit_code is not None else "ended"
+
+
+def _tail(status: ServiceStatus) -> str:
+    log = status.log.strip()
+    return f"; its log ends: {log[-LOG_TAIL_CHARS:]}" if log else "; its log is empty"
