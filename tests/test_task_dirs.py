@@ -60,8 +60,9 @@ def test_both_dialects_load_from_the_example_suite_by_name():
     # claw-bench: the host image, the workspace as /workspace, "workspace/" in the instruction rewritten
     assert (claw.environment.image, claw.environment.workdir) == ("host", "/workspace")
     assert "`/workspace/sales.csv`" in claw.instruction and "`workspace/" not in claw.instruction
-    assert claw.environment.setup == ["bash /tmp/orchard-claw-task/environment/setup.sh /workspace && "
-                                      "rm -rf /tmp/orchard-claw-task"]
+    assert claw.environment.setup == [("ln -s /workspace /tmp/orchard-claw-task/workspace && "
+                                       "bash /tmp/orchard-claw-task/environment/setup.sh /workspace && "
+                                       "rm -rf /tmp/orchard-claw-task")]
     # Harbor: the prebuilt image of task.toml, its workdir; the tests at /tests, placed only for grading
     assert (harbor.environment.image, harbor.environment.workdir) == ("debian:bookworm-slim", "/app")
     for task in suite.tasks:
@@ -81,14 +82,14 @@ def _rewrite(path: Path, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("task_dir, old, new, problem", [
     (CLAW, "timeout = 300\n", "", "task claw-sales-summary: task.toml: timeout: Field required"),
-    (CLAW, "timeout = 300", 'timeout = "300"', "task claw-sales-summary: task.toml: timeout: Input should be a valid "
-                                               "integer"),
+    (CLAW, "timeout = 300", 'timeout = "300"',
+     "task claw-sales-summary: task.toml: timeout: Input should be a valid integer"),
     (CLAW, 'id = "mini-001"', 'id = "Mini 1"', "task claw-sales-summary: task.toml: id: String should match pattern"),
-    (HARBOR, "timeout_sec = 120.0", 'timeout_sec = "2 minutes"', "task harbor-hello: task.toml: "
-                                                                  "verifier.timeout_sec: Input should be a valid number"),
+    (HARBOR, "timeout_sec = 120.0", 'timeout_sec = "2 minutes"',
+     "task harbor-hello: task.toml: verifier.timeout_sec: Input should be a valid number"),
     (HARBOR, "[agent]", "[agent", "task harbor-hello: task.toml cannot be read: "),
-    (HARBOR, 'docker_image = "debian:bookworm-slim"', 'docker_image = ""', "task harbor-hello: task.toml: "
-                                                                          "environment.docker_image: String should have at least 1 character"),
+    (HARBOR, 'docker_image = "debian:bookworm-slim"', 'docker_image = ""',
+     "task harbor-hello: task.toml: environment.docker_image: String should have at least 1 character"),
 ])
 def test_a_bad_task_toml_is_a_task_that_cannot_run_naming_it_and_the_part(suite_copy, task_dir, old, new, problem):
     _rewrite(suite_copy / task_dir / "task.toml", old, new)
@@ -234,8 +235,9 @@ RUN echo "$GREETING from RUN in $(pwd)" > built.txt && \\
 CMD ["bash"]
 """
 # the built image's file system, environment and workdir, checked by the task's own verifier
-BUILT_CHECKS = """[ "$(cat /app/built.txt)" = "Hello from RUN in /app" ] && [ "$(cat /opt/tool/note.txt)" = "noted" ] && \\
-  [ "$GREETING" = Hello ] && [ "$LANG" = C.UTF-8 ] && [ -x /app/greet.sh ] || { echo 0 > /logs/verifier/reward.txt; exit 0; }
+BUILT_CHECKS = """[ "$(cat /app/built.txt)" = "Hello from RUN in /app" ] && \\
+  [ "$(cat /opt/tool/note.txt)" = "noted" ] && [ "$GREETING" = Hello ] && [ "$LANG" = C.UTF-8 ] && \\
+  [ -x /app/greet.sh ] || { echo 0 > /logs/verifier/reward.txt; exit 0; }
 """
 
 
@@ -266,12 +268,12 @@ async def test_a_dockerfile_is_built_without_a_daemon_once_and_what_it_cannot_bu
     checks = {check.task_id: check for check in await validate_suite(suite, backend="local")}
     assert (checks["built"].valid, checks["built"].gold_reward, checks["built"].empty_reward) == (True, 1.0, 0.0), \
         checks["built"].problems
-    assert checks["from-elsewhere"].problems == [
+    assert checks["from-elsewhere"].problems == [(
         "task from-elsewhere: its image cannot be built from environment/Dockerfile: its base image alpine:3.20 is not "
-        "in the local image store (import it: `orchard image import ARCHIVE --name alpine:3.20`)"]
-    assert checks["adds"].problems == [
+        "in the local image store (import it: `orchard image import ARCHIVE --name alpine:3.20`)")]
+    assert checks["adds"].problems == [(
         "task adds: its image cannot be built from environment/Dockerfile: line 6: ADD is not supported by the local "
-        "builder (it builds FROM, RUN, WORKDIR, ENV, COPY, ARG and USER root)"]
+        "builder (it builds FROM, RUN, WORKDIR, ENV, COPY, ARG and USER root)")]
     (problem,) = checks["fails"].problems
     assert problem.startswith("task fails: its image cannot be built from environment/Dockerfile: line 7: RUN echo")
     assert "failed with exit code 1" in problem

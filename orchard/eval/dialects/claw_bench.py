@@ -10,7 +10,8 @@
 The score is the share of checks that pass, a reward in [0, 1]: a task is resolved at the suite's pass
 threshold (1.0 by default, claw-bench's own verdict: no check fails). The workspace is the sandbox's
 /workspace; setup runs from a copy of environment/ that is removed before the agent starts, and the
-verifier is placed only when the agent is done."""
+verifier is placed only when the agent is done. Some of claw-bench's scripts ignore $1 (and verifiers
+--workspace) and use <task>/workspace: there it is the workspace too (a link)."""
 
 from __future__ import annotations
 
@@ -80,8 +81,9 @@ def is_claw_bench_dir(directory: Path) -> bool:
 def verifier_script() -> str:
     """pytest over the checks, then the score into REWARD_FILE, only when pytest ran them (exit 0: all passed, 1:
     some failed); a crash (a collection error, no checks) writes none: the grader's error."""
-    return (f"cd {VERIFIER_DIR} && rm -f reward junit.xml && python -m pytest -q -p no:cacheprovider --rootdir . "
-            f"--junitxml junit.xml verifier/test_output.py --workspace={WORKSPACE}; status=$?; "
+    return (f"cd {VERIFIER_DIR} && rm -f reward junit.xml && ln -sfn {WORKSPACE} workspace && "
+            "python -m pytest -q -p no:cacheprovider --rootdir . --junitxml junit.xml verifier/test_output.py "
+            f"--workspace={WORKSPACE}; status=$?; "
             f'if [ "$status" -le 1 ]; then python - junit.xml > reward <<\'ORCHARD_SCORE\'\n{SCORE}ORCHARD_SCORE\n'
             "fi; exit $status")
 
@@ -92,11 +94,14 @@ def claw_bench_task(directory: Path) -> Task:
     for part in ("environment/setup.sh", "solution/solve.sh", "verifier/test_output.py"):
         if not (directory / part).is_file():
             raise TaskDirError(f"task {directory.name}: {part} is missing")
-    setup = [f"bash {SETUP_DIR}/environment/setup.sh {WORKSPACE} && rm -rf {SETUP_DIR}"]
+    # <task>/workspace is the workspace too: some setup.sh, solve.sh and verifiers use it and ignore $1
+    setup = [(f"ln -s {WORKSPACE} {SETUP_DIR}/workspace && bash {SETUP_DIR}/environment/setup.sh {WORKSPACE} && "
+              f"rm -rf {SETUP_DIR}")]
     environment = TaskEnvironment(image="host", workdir=WORKSPACE, files=dir_files(directory / "environment",
                                                                                    f"{SETUP_DIR}/environment"),
                                   setup=setup)
-    solve = f'cd {WORKSPACE} && bash "$ORCHARD_TASK_DIR/solution/solve.sh" {WORKSPACE}'
+    solve = (f'ln -s {WORKSPACE} "$ORCHARD_TASK_DIR/workspace" && cd {WORKSPACE} && '
+             f'bash "$ORCHARD_TASK_DIR/solution/solve.sh" {WORKSPACE}')
     files = [*dir_files(directory / "verifier", f"{VERIFIER_DIR}/verifier"),
              TaskFile(path=f"{VERIFIER_DIR}/conftest.py", content=CONFTEST)]
     grader = ScriptGrader(script=verifier_script(), reward_file=REWARD_FILE, reward_required=True, files=files,

@@ -11,6 +11,7 @@ import asyncio
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from orchard.core.backend import BackendConfig
 from orchard.core.errors import InvalidRequest, OrchardError
@@ -82,12 +83,12 @@ async def _build_local(builds: dict[str, ImageBuild], config: BackendConfig,
     return problems
 
 
-def _build_docker(builds: dict[str, ImageBuild], config: BackendConfig) -> dict[str, str]:
+def _build_docker(builds: dict[str, ImageBuild], config: Any) -> dict[str, str]:
     """`docker build` of each context (with its Dockerfile) through the daemon's Engine API."""
     import docker
 
     problems: dict[str, str] = {}
-    api = docker.APIClient(base_url=getattr(config, "base_url"), version="auto", timeout=1800)
+    api = docker.APIClient(base_url=config.base_url, version="auto", timeout=1800)
     try:
         for image, build in builds.items():
             try:
