@@ -211,12 +211,19 @@ def test_validate_cli_lists_a_wrong_solution_and_a_broken_task(embedded_home, su
 
 
 @pytest.mark.slow
-async def test_a_run_goes_on_past_a_task_that_cannot_run(embedded_home, suite_copy, tmp_path):
+async def test_a_run_goes_on_past_a_task_that_cannot_run_and_a_verifier_that_crashes(embedded_home, suite_copy,
+                                                                                      tmp_path):
     (suite_copy / HARBOR / "tests" / "test.sh").unlink()
+    shutil.copytree(suite_copy / CLAW, suite_copy / "claw-crash")
+    _rewrite(suite_copy / "claw-crash" / "task.toml", 'id = "mini-001"', 'id = "mini-002"')
+    (suite_copy / "claw-crash" / "verifier" / "test_output.py").write_text("def test_(:\n")
     results = await run_eval(harness="react", model="oracle", suite=suite_copy, out_dir=tmp_path / "run",
                              gateway_config=eval_gateway_config("oracle"), backend="local")
     by_id = {row.task_id: row for row in results.tasks}
     assert by_id["mini-001"].status == "resolved"
+    assert (by_id["mini-002"].status, by_id["mini-002"].exit_status) == ("error", "grader_error")
+    assert "task mini-002: the verifier's reward file /tmp/orchard-claw-verifier/reward is missing" in \
+        by_id["mini-002"].error
     assert by_id[HARBOR].exit_status == "environment_error"
     assert by_id[HARBOR].error.endswith("task harbor-hello: tests/test.sh is missing (Harbor's verifier)")
     assert not await live_sandbox_ids(embedded_home)
