@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchard.cli.main import app
-from orchard.core.errors import GraderError
+from orchard.core.errors import GraderError, InvalidRequest
 from orchard.core.task import ScriptGrader, Task
 from orchard.eval.dialects import load_task_dir
 from orchard.eval.grading import _reward_of, grade_script
@@ -114,6 +114,13 @@ def test_a_harbor_task_with_neither_an_image_nor_a_dockerfile_is_named(suite_cop
     (suite_copy / HARBOR / "environment" / "Dockerfile").unlink()
     assert load_task_dir(suite_copy / HARBOR).metadata[LOAD_ERROR_KEY] == (
         "task harbor-hello: task.toml names no [environment] docker_image and environment/Dockerfile is missing")
+
+
+def test_a_directory_of_neither_kind_says_what_a_suite_holds(tmp_path):
+    (tmp_path / "suite" / "not-a-task").mkdir(parents=True)
+    with pytest.raises(InvalidRequest, match=r"is not a task suite: tasks.jsonl is missing \(one task per line\), and "
+                                             r"it holds no task directories either \(each with a task.toml"):
+        load_suite(tmp_path / "suite")
 
 
 def test_two_task_dirs_with_one_id_are_told_apart(suite_copy):

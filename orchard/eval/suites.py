@@ -66,8 +66,9 @@ def resolve_suite(name_or_dir: str | Path) -> Path:
         return suites[str(name_or_dir)]
     names = ", ".join(sorted(suites)) or "none found"
     raise NotFound(f"unknown suite {str(name_or_dir)!r}: it is neither a built-in suite ({names}) nor a directory. "
-                   f"Pass a suite directory (with {TASKS_FILE}), or set {EVAL_DIR_ENV} to the directory that "
-                   "holds the built-in suites (the project's eval/) when Orchard is installed from a wheel")
+                   f"Pass a suite directory (with {TASKS_FILE}, or task directories), or set {EVAL_DIR_ENV} to the "
+                   "directory that holds the built-in suites (the project's eval/) when Orchard is installed from a "
+                   "wheel")
 
 
 def load_suite(name_or_dir: str | Path | TaskSuite) -> TaskSuite:
@@ -76,8 +77,12 @@ def load_suite(name_or_dir: str | Path | TaskSuite) -> TaskSuite:
     directory = resolve_suite(name_or_dir)
     if (directory / REPOS_DIR).is_dir() and _holds_swebench_instances(directory):
         return load_local_swe_suite(directory)
-    if not (directory / TASKS_FILE).exists() and holds_task_dirs(directory):
-        return load_task_dir_suite(directory)
+    if not (directory / TASKS_FILE).exists():
+        if holds_task_dirs(directory):
+            return load_task_dir_suite(directory)
+        raise InvalidRequest(f"{directory} is not a task suite: {TASKS_FILE} is missing (one task per line), and it "
+                             "holds no task directories either (each with a task.toml: Harbor's or claw-bench's; "
+                             "docs/suites.md)")
     return TaskSuite.load(directory)
 
 
