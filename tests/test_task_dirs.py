@@ -203,6 +203,18 @@ async def test_validate_the_example_suite_every_solution_resolves_and_no_op_fail
 
 
 @pytest.mark.slow
+async def test_claw_bench_tasks_run_on_the_image_suite_json_names(debian_home, monkeypatch, suite_copy):
+    monkeypatch.setenv("ORCHARD_HOME", str(debian_home))
+    (suite_copy / "suite.json").write_text('{"name": "on-debian", "claw_bench_image": "debian:bookworm"}')
+    assert load_suite(suite_copy).tasks[0].environment.image == "debian:bookworm"
+    (check,) = await validate_suite(suite_copy, ["mini-001"], backend="local")
+    assert (check.valid, check.gold_reward, check.empty_reward) == (True, 1.0, 0.0), check.problems
+    (suite_copy / "suite.json").write_text('{"claw_bench_image": ""}')
+    with pytest.raises(InvalidRequest, match="suite.json: claw_bench_image must be an image name, got ''"):
+        load_suite(suite_copy)
+
+
+@pytest.mark.slow
 def test_validate_cli_lists_a_wrong_solution_and_a_broken_task(embedded_home, suite_copy):
     shutil.copytree(suite_copy / CLAW, suite_copy / "claw-wrong")
     _rewrite(suite_copy / "claw-wrong" / "task.toml", 'id = "mini-001"', 'id = "mini-002"')

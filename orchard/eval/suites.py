@@ -29,6 +29,7 @@ from orchard.core.jsonl import read_jsonl
 from orchard.core.task import SWEBENCH_WORKDIR, SWEBenchInstance, Task, TaskEnvironment, TaskFile
 from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite
 from orchard.eval.dialects import holds_task_dirs, load_task_dirs
+from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE
 from orchard.eval.load_errors import LOAD_ERROR_KEY
 
 EVAL_DIR_ENV = "ORCHARD_EVAL_DIR"
@@ -88,22 +89,33 @@ def load_suite(name_or_dir: str | Path | TaskSuite) -> TaskSuite:
 
 def load_task_dir_suite(directory: Path) -> TaskSuite:
     """A directory of task directories (Harbor's or claw-bench's, orchard/eval/dialects/), named by its
-    suite.json when it has one (its name, description, pass_threshold), else after the directory."""
+    suite.json when it has one (its name, description, pass_threshold, and the image claw-bench's tasks run
+    in: `claw_bench_image`, default host), else after the directory."""
     name, description, threshold = _manifest_fields(directory)
-    return TaskSuite(name=name, description=description, pass_threshold=threshold, tasks=load_task_dirs(directory))
+    image = _manifest_data(directory).get("claw_bench_image", DEFAULT_IMAGE)
+    if not isinstance(image, str) or not image.strip():
+        raise InvalidRequest(f"{directory / MANIFEST_FILE}: claw_bench_image must be an image name, got {image!r}")
+    return TaskSuite(name=name, description=description, pass_threshold=threshold,
+                     tasks=load_task_dirs(directory, claw_bench_image=image))
+
+
+def _manifest_data(directory: Path) -> dict:
+    manifest = directory / MANIFEST_FILE
+    if not manifest.is_file():
+        return {}
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise InvalidRequest(f"{manifest} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"{manifest} is not a JSON object")
+    return data
 
 
 def _manifest_fields(directory: Path) -> tuple[str, str, float]:
-    name, description, threshold = directory.resolve().name, "", 1.0
-    manifest = directory / MANIFEST_FILE
-    if manifest.is_file():
-        try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise InvalidRequest(f"{manifest} is not valid JSON: {exc}") from None
-        name, description = data.get("name", name), data.get("description", description)
-        threshold = data.get("pass_threshold", threshold)
-    return name, description, threshold
+    data = _manifest_data(directory)
+    return (data.get("name", directory.resolve().name), data.get("description", ""),
+            data.get("pass_threshold", 1.0))
 
 
 def select_tasks(suite: TaskSuite, task_ids: list[str] | None) -> list[Task]:

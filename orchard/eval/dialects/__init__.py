@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchard.core.task import Task
-from orchard.eval.dialects.claw_bench import claw_bench_task, is_claw_bench_dir
+from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE, claw_bench_task, is_claw_bench_dir
 from orchard.eval.dialects.common import TASK_TOML, TaskDirError
 from orchard.eval.dialects.harbor import harbor_task
 from orchard.eval.load_errors import unrunnable_task
@@ -29,22 +29,25 @@ def holds_task_dirs(directory: Path) -> bool:
     return directory.is_dir() and bool(task_dirs(directory))
 
 
-def load_task_dir(directory: Path) -> Task:
+def load_task_dir(directory: Path, *, claw_bench_image: str = DEFAULT_IMAGE) -> Task:
     """The task of one task directory, in whichever dialect it is written; a task that is not runnable (named
-    after its directory) when it cannot be read."""
+    after its directory) when it cannot be read. `claw_bench_image`: where claw-bench's tasks run (Harbor's
+    name theirs)."""
     try:
-        return claw_bench_task(directory) if is_claw_bench_dir(directory) else harbor_task(directory)
+        if is_claw_bench_dir(directory):
+            return claw_bench_task(directory, claw_bench_image)
+        return harbor_task(directory)
     except TaskDirError as exc:
         return unrunnable_task(directory.name, str(exc))
 
 
-def load_task_dirs(directory: Path) -> list[Task]:
+def load_task_dirs(directory: Path, *, claw_bench_image: str = DEFAULT_IMAGE) -> list[Task]:
     """Every task directory's task; two directories that give one task id are told apart by the second's
     being not runnable, with the reason."""
     tasks: list[Task] = []
     seen: dict[str, Path] = {}
     for path in task_dirs(directory):
-        task = load_task_dir(path)
+        task = load_task_dir(path, claw_bench_image=claw_bench_image)
         if task.id in seen:
             task = unrunnable_task(path.name, f"task {path.name}: its id {task.id!r} is also the id of "
                                               f"{seen[task.id].name}; task ids must be unique in a suite")

@@ -8,8 +8,8 @@
       verifier/test_output.py   pytest checks, run with --workspace=<workspace>
 
 The score is the share of checks that pass, a reward in [0, 1]: a task is resolved at the suite's pass
-threshold (1.0 by default, claw-bench's own verdict: no check fails). The workspace is the sandbox's
-/workspace; setup runs from a copy of environment/ that is removed before the agent starts, and the
+threshold (1.0 by default, claw-bench's own verdict: no check fails). The image is the host's unless the
+suite's suite.json names another (`"claw_bench_image"`). The workspace is the sandbox's /workspace; setup runs from a copy of environment/ that is removed before the agent starts, and the
 verifier is placed only when the agent is done. Some of claw-bench's scripts ignore $1 (and verifiers
 --workspace) and use <task>/workspace: there it is the workspace too (a link)."""
 
@@ -24,6 +24,7 @@ from orchard.core.task import ScriptGrader, Task, TaskEnvironment, TaskFile
 from orchard.eval.dialects.common import (INSTRUCTION_MD, TASK_TOML, TaskDirError, dir_files, read_text, read_toml,
                                           unpack_command)
 
+DEFAULT_IMAGE = "host"  # Orchard's own Python, with pytest, first on its PATH
 WORKSPACE = "/workspace"
 SETUP_DIR = "/tmp/orchard-claw-task"  # environment/ for setup.sh, gone before the agent starts
 VERIFIER_DIR = "/tmp/orchard-claw-verifier"
@@ -88,7 +89,8 @@ def verifier_script() -> str:
             "fi; exit $status")
 
 
-def claw_bench_task(directory: Path) -> Task:
+def claw_bench_task(directory: Path, image: str = DEFAULT_IMAGE) -> Task:
+    """The task; `image` one with Python and pytest (`python` on its PATH), e.g. the host's or a Debian one."""
     config = read_toml(directory, ClawBenchTaskToml)
     instruction = re.sub(r"(?<![\w/.])workspace/", f"{WORKSPACE}/", read_text(directory, INSTRUCTION_MD))
     for part in ("environment/setup.sh", "solution/solve.sh", "verifier/test_output.py"):
@@ -97,7 +99,7 @@ def claw_bench_task(directory: Path) -> Task:
     # <task>/workspace is the workspace too: some setup.sh, solve.sh and verifiers use it and ignore $1
     setup = [(f"ln -s {WORKSPACE} {SETUP_DIR}/workspace && bash {SETUP_DIR}/environment/setup.sh {WORKSPACE} && "
               f"rm -rf {SETUP_DIR}")]
-    environment = TaskEnvironment(image="host", workdir=WORKSPACE, files=dir_files(directory / "environment",
+    environment = TaskEnvironment(image=image, workdir=WORKSPACE, files=dir_files(directory / "environment",
                                                                                    f"{SETUP_DIR}/environment"),
                                   setup=setup)
     solve = (f'ln -s {WORKSPACE} "$ORCHARD_TASK_DIR/workspace" && cd {WORKSPACE} && '
