@@ -9,9 +9,10 @@
 
 The score is the share of checks that pass, a reward in [0, 1]: a task is resolved at the suite's pass
 threshold (1.0 by default, claw-bench's own verdict: no check fails). The image is the host's unless the
-suite's suite.json names another (`"claw_bench_image"`). The workspace is the sandbox's /workspace; setup runs from a copy of environment/ that is removed before the agent starts, and the
-verifier is placed only when the agent is done. Some of claw-bench's scripts ignore $1 (and verifiers
---workspace) and use <task>/workspace: there it is the workspace too (a link)."""
+suite's suite.json names another (`"claw_bench_image"`). The workspace is the sandbox's /workspace; setup
+runs from a copy of environment/ that is removed before the agent starts, and the verifier is placed only
+when the agent is done. Some of claw-bench's scripts ignore $1 (and verifiers --workspace) and use
+<task>/workspace: there it is the workspace too (a link)."""
 
 from __future__ import annotations
 
