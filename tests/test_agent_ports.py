@@ -6,8 +6,10 @@ through the sandbox SDK: the conformance suite's port checks (orchard/testing/co
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -149,3 +151,54 @@ def test_a_refusal_is_json_with_a_code(agent):
             body += sock.recv(4096)
     assert head.startswith(b"HTTP/1.1 502 Bad Gateway")
     assert json.loads(body)["error"] == "port_closed"
+
+
+# --- POST /exec/attach -----------------------------------------------------------------------------------
+
+def test_an_attached_command_talks_over_the_connection(agent):
+    from orchard.sandbox.ports import connect_attached
+
+    request = json.dumps({"command": ["sh", "-c", "while read line; do echo \"got $line\"; done; echo bye"]})
+    sock = connect_attached("unix://" + agent.socket_path, agent.token, request.encode())
+    assert _echo(sock, b"one\ntwo\n") == b"got one\ngot two\nbye\n"  # stdin closed: it ends, its output stays
+
+
+def test_attach_refusals_say_why(agent):
+    from orchard.sandbox.ports import connect_attached
+
+    url = "unix://" + agent.socket_path
+    with pytest.raises(InvalidRequest, match="cannot run 'no-such-program'"):
+        connect_attached(url, agent.token, json.dumps({"command": ["no-such-program"]}).encode())
+    with pytest.raises(InvalidRequest, match="stdin is the connection"):
+        connect_attached(url, agent.token, json.dumps({"command": "cat", "stdin": "x"}).encode())
+    with pytest.raises(AuthError):
+        connect_attached(url, "wrong", json.dumps({"command": "cat"}).encode())
+    body = b'{"command": "cat"}'
+    sock, data = _raw(agent, "POST /exec/attach HTTP/1.1\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
+                             % (agent.token, len(body)) + body.decode())
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 400 ") and b"Upgrade: orchard-attach" in data
+
+
+def test_an_attached_command_is_killed_when_the_client_goes(agent):
+    from orchard.sandbox.ports import connect_attached
+
+    marker = "attached-%d" % os.getpid()
+    sock = connect_attached("unix://" + agent.socket_path, agent.token,
+                            json.dumps({"command": ["sh", "-c", f"sleep 600; : {marker}"]}).encode())
+    assert _running(marker)  # started before the 101 answer
+    sock.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _running(marker):
+        time.sleep(0.05)
+    assert not _running(marker)
+
+
+def _running(marker: str) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                return True
+        except OSError:
+            continue
+    return False

@@ -412,6 +412,10 @@ class Sandbox(Protocol):
                               timeout: float | None = None) -> ExecResult:
         """Run a command as the services' user (a grader reading their state)."""
         ...
+    async def attach(self, command: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                     timeout: float | None = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Start `command` with its stdin and stdout as a stream pair (a long-lived program to talk to)."""
+        ...
     async def listening_ports(self) -> list[int]:
         """The TCP ports a server listens on inside the sandbox that `open_port` can reach."""
         ...

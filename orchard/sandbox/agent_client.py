@@ -32,7 +32,7 @@ from orchard.core.errors import (
 from orchard.core.sandbox import (DOWNLOAD_MAX_BYTES, READ_FILE_MAX_BYTES, ExecEvent, ExecResult, FileInfo,
                                   ServiceStart, ServiceStatus, SessionResult, StartupTimings)
 from orchard.sandbox import tar_stream
-from orchard.sandbox.ports import PortForward, check_port, connect_port
+from orchard.sandbox.ports import PortForward, check_port, connect_attached, connect_port
 
 _CONNECT_RETRY_DELAYS_S = (0.1, 0.4)
 _CONNECT_TIMEOUT_S = 10.0
@@ -242,6 +242,19 @@ class AgentSandbox:
             if deadline.expired:
                 raise PortClosed(f"nothing listened on port {port} inside sandbox {self.id} within {timeout:g} s")
             await asyncio.sleep(min(0.05, max(deadline.time_left_s(), 0)))
+
+    async def attach(self, command: str | list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                     timeout: float | None = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Start `command` in the sandbox with its stdin and stdout as a stream pair (the agent's
+        `POST /exec/attach`): a long-lived program to talk to, such as an MCP server over stdio. Closing
+        the writer ends it; `timeout` bounds the whole attachment."""
+        body = _exec_body(command, cwd, env, None, timeout, None)
+        sock = await asyncio.to_thread(connect_attached, self.agent_url, self._token, body, self.id)
+        try:
+            return await asyncio.open_connection(sock=sock, limit=PORT_STREAM_LIMIT)
+        except BaseException:
+            sock.close()
+            raise
 
     def port_socket(self, port: int) -> socket.socket:
         """`open_port` as a connected blocking socket (it blocks while the agent dials the port)."""

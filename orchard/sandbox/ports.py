@@ -1,6 +1,6 @@
 """Ports inside a sandbox, from the client's machine: `connect_port` opens one TCP connection to a port in
 the sandbox through its agent (`GET /ports/<port>` upgraded to a raw stream; docs/agent-protocol.md, Ports),
-and `PortForward` listens on a local address and relays each connection made to it through its own such
+`connect_attached` the stdin and stdout of a command started there (`POST /exec/attach`), and `PortForward` listens on a local address and relays each connection made to it through its own such
 connection, so that any library (httpx, a WebSocket or CDP client, an MCP client) can use the port.
 
 Blocking sockets and threads, not the event loop: a forward keeps working while the caller's loop is busy
@@ -20,6 +20,7 @@ from orchard.sandbox.agent.relay import relay
 
 UPGRADE = "orchard-tcp"
 UPGRADE_FD = "orchard-fd"  # on a Unix socket: the agent hands over the connected socket itself
+UPGRADE_ATTACH = "orchard-attach"
 CONNECT_TIMEOUT_S = 10.0
 HANDSHAKE_TIMEOUT_S = 30.0  # the agent dials the port (its own connect timeout is 10 s) before it answers
 MAX_HEAD_BYTES = 64 << 10
@@ -38,18 +39,34 @@ def connect_port(agent_url: str, token: str, port: int, sandbox_id: str = "") ->
     what the port sends comes back. PortClosed when nothing listens there, AuthError for a wrong token,
     SandboxLost when the agent cannot be reached."""
     check_port(port)
+    return _upgraded(agent_url, token, "GET", f"/ports/{port}", [UPGRADE_FD, UPGRADE], b"", f"port {port}",
+                     sandbox_id)
+
+
+def connect_attached(agent_url: str, token: str, request: bytes, sandbox_id: str = "") -> socket.socket:
+    """A connected blocking socket to a command started in the sandbox (`request`: an ExecRequest's JSON):
+    what is sent on it is the command's stdin, its stdout comes back (the agent's `POST /exec/attach`)."""
+    return _upgraded(agent_url, token, "POST", "/exec/attach", [UPGRADE_ATTACH], request, "an attached command",
+                     sandbox_id)
+
+
+def _upgraded(agent_url: str, token: str, method: str, path: str, offers: list[str], body: bytes, what: str,
+              sandbox_id: str) -> socket.socket:
     sock = _dial_agent(agent_url, sandbox_id)
     handed: list[socket.socket] = []
     try:
         sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        offer = f"{UPGRADE_FD}, {UPGRADE}" if sock.family == socket.AF_UNIX else UPGRADE
-        sock.sendall((f"GET /ports/{port} HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {token}\r\n"
-                      f"Connection: Upgrade\r\nUpgrade: {offer}\r\n\r\n").encode("latin-1"))
+        if sock.family != socket.AF_UNIX:
+            offers = [offer for offer in offers if offer != UPGRADE_FD]
+        framing = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if body else ""
+        sock.sendall((f"{method} {path} HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {token}\r\n"
+                      f"Connection: Upgrade\r\nUpgrade: {', '.join(offers)}\r\n{framing}\r\n").encode("latin-1")
+                     + body)
         status, headers, rest = _read_head(sock, handed)
         if status != 101:
-            raise _refusal(sock, status, headers, rest, port, sandbox_id)
-        if rest:  # the agent sends nothing of the port's before 101; anything here would be lost
-            raise OrchardError(f"the agent of sandbox {sandbox_id} sent data before switching to port {port}")
+            raise _refusal(sock, status, headers, rest, what, sandbox_id)
+        if rest:  # the agent sends nothing of the stream's before 101; anything here would be lost
+            raise OrchardError(f"the agent of sandbox {sandbox_id} sent data before switching to {what}")
         if headers.get("upgrade", "").lower() == UPGRADE_FD:
             if not handed:
                 raise OrchardError(f"the agent of sandbox {sandbox_id} answered {UPGRADE_FD} without a socket")
@@ -62,7 +79,7 @@ def connect_port(agent_url: str, token: str, port: int, sandbox_id: str = "") ->
         for extra in handed:
             extra.close()
         if isinstance(exc, OSError) and not isinstance(exc, OrchardError):
-            raise SandboxLost(f"the agent of sandbox {sandbox_id} broke off opening port {port}: {exc}") from exc
+            raise SandboxLost(f"the agent of sandbox {sandbox_id} broke off opening {what}: {exc}") from exc
         raise
 
 
@@ -116,7 +133,7 @@ def _read_head(sock: socket.socket, handed: list[socket.socket]) -> tuple[int, d
     return status, headers, rest
 
 
-def _refusal(sock: socket.socket, status: int, headers: dict[str, str], body: bytes, port: int,
+def _refusal(sock: socket.socket, status: int, headers: dict[str, str], body: bytes, what: str,
              sandbox_id: str) -> OrchardError:
     """The typed error of the agent's JSON answer."""
     length = min(int(headers.get("content-length") or 0), MAX_ERROR_BODY)
@@ -132,8 +149,8 @@ def _refusal(sock: socket.socket, status: int, headers: dict[str, str], body: by
         code, message = "", body[:200].decode("utf-8", "replace")
     message = message or f"the agent answered {status}"
     if code in ("", "error", "invalid_request") and status in _BY_STATUS:
-        return _BY_STATUS[status](f"port {port} of sandbox {sandbox_id}: {message}")
-    return error_from_code(code, f"port {port} of sandbox {sandbox_id}: {message}")
+        return _BY_STATUS[status](f"{what} of sandbox {sandbox_id}: {message}")
+    return error_from_code(code, f"{what} of sandbox {sandbox_id}: {message}")
 
 
 class PortForward:

@@ -177,6 +177,10 @@ class MemorySandbox:
         self._record("exec_as_service", command=command)
         raise InvalidRequest(f"the in-memory sandbox {self.id} runs nothing, so it runs no service")
 
+    async def attach(self, command, *, cwd=None, env=None, timeout=None):
+        self._record("attach", command=command)
+        raise InvalidRequest(f"the in-memory sandbox {self.id} runs nothing, so nothing can be attached to")
+
     async def listening_ports(self) -> list[int]:
         self._record("listening_ports")
         return []  # nothing runs, so nothing listens

@@ -16,7 +16,7 @@ import stat
 import threading
 import time
 
-from . import VERSION, claim, execs, files, http1, pidns, ports, services, sessions, stats, tars
+from . import VERSION, attach, claim, execs, files, http1, pidns, ports, services, sessions, stats, tars
 from . import workload_cgroup
 from .wire import ApiError, Request, log_error, unquote
 
@@ -59,6 +59,7 @@ EXACT_ROUTES = {
     ("POST", "/claim"): claim.handle_claim,
     ("POST", "/exec"): execs.handle_exec,
     ("POST", "/exec/stream"): execs.handle_exec_stream,
+    ("POST", "/exec/attach"): attach.handle_attach,
     ("GET", "/sessions"): sessions.handle_list,
     ("POST", "/sessions"): sessions.handle_create,
     ("GET", "/files"): files.handle_read,
