@@ -47,6 +47,7 @@ CHECKED_BY: dict[str, dict[str, set[str]]] = {
     "docs/sandbox-ports.md": {"tests/test_docs_ports.py": {"python"}},
     "docs/suites.md": {"tests/test_task_dirs.py": {"cli", "diagram", "in-file", "python"}},
     "docs/services.md": {"tests/test_task_services.py": {"json", "python"}},
+    "docs/tools-mcp.md": {"tests/test_task_mcp.py": {"json"}},
     "docs/images.md": {"tests/test_oci_images.py": {"shell", "cli", "python"}},
     "docs/orchestrator.md": {PAGES_MODULE: {"signatures"}},
     "docs/pools.md": {"tests/test_docs_pools.py": {"python", "yaml", "cli"}},

@@ -190,3 +190,21 @@ async def test_on_kubernetes_three_tasks_in_pods(home, tmp_path, monkeypatch, sc
         for trajectory in run_trajectories(out):
             assert [c.function_name for s in trajectory.steps for c in s.tool_calls] == ["terminal", "finish"]
             check_fidelity(trajectory)
+
+
+async def test_a_task_mcp_tool_through_the_agents_own_mcp_client(home, tmp_path, scripted):
+    """The task's notes server (streamable HTTP, run as a service) reaches the OpenHands agent by its
+    mcp_config: the scripted model calls its tool by the name the agent offers, and the services grader reads
+    the note it kept."""
+    from orchard.core.task_suite import TaskSuite
+    from tests.test_task_mcp import HTTP_NOTES, NOTE_CALL, notes_task
+
+    scripted.load([{"content": "Keeping it.", "tool_calls": [{"id": "call_note", **NOTE_CALL}]},
+                   {"content": "Kept.", "tool_calls": [{"id": "call_finish", "name": "finish",
+                                                        "arguments": {"message": "kept"}}]}])
+    await run_eval(harness="openhands", model=SCRIPTED, suite=TaskSuite(name="mcp-suite", tasks=[notes_task(HTTP_NOTES)]),
+                   out_dir=tmp_path / "run", gateway_config=scripted_config(scripted), backend="local")
+    (done,) = run_trajectories(tmp_path / "run")
+    offered = [tool["function"]["name"] for tool in scripted.requests()[0]["tools"]]
+    assert NOTE_CALL["name"] in offered, offered
+    assert done.outcome.resolved, (done.outcome, done.notes)

@@ -70,6 +70,42 @@ class TaskService(_Strict):
         return "ORCHARD_SERVICE_" + self.name.upper().replace("-", "_")
 
 
+class TaskMCPServer(_Strict):
+    """An MCP server the task provides inside the sandbox, whose tools every harness that takes MCP tools
+    offers the model (docs/tools-mcp.md). `http`: streamable HTTP, started like a service (its own user,
+    waited for on `port`) and reached at http://127.0.0.1:<port><path>; `stdio`: a command line each client
+    starts for itself inside the sandbox."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,30}$", description="prefixes its tools' names")
+    command: str = Field(min_length=1, description="a shell command line")
+    transport: Literal["http", "stdio"] = "http"
+    port: int | None = Field(default=None, ge=1, le=65535, description="http: where it listens")
+    path: str = Field(default="/mcp", pattern=r"^/")
+    env: dict[str, str] = Field(default_factory=dict)
+    ready_timeout_s: float = Field(default=30, gt=0)
+
+    @model_validator(mode="after")
+    def _http_needs_a_port(self) -> TaskMCPServer:
+        if (self.transport == "http") != (self.port is not None):
+            raise ValueError(f"MCP server {self.name}: an http server needs a port, a stdio one has none")
+        return self
+
+    @property
+    def service(self) -> TaskService | None:
+        """The service an http server runs as (named `mcp-<name>`); None for stdio."""
+        if self.transport != "http":
+            return None
+        return TaskService(name=f"mcp-{self.name}", command=self.command, port=self.port, env=self.env,
+                           ready_timeout_s=self.ready_timeout_s)
+
+    def client_config(self) -> dict[str, Any]:
+        """This server in the `mcpServers` shape MCP clients take (kimi-cli, OpenHands, Claude's): a url
+        with its transport, or a command with its arguments (and environment)."""
+        if self.transport == "http":
+            return {"url": f"http://127.0.0.1:{self.port}{self.path}", "transport": "http"}
+        return {"command": "/bin/sh", "args": ["-c", self.command], **({"env": self.env} if self.env else {})}
+
+
 class TaskEnvironment(_Strict):
     """Where the agent works: the sandbox image and what is done in it before the agent starts (files
     placed first, then `setup` commands run in order in `workdir`; a failing command fails the task's
@@ -83,19 +119,25 @@ class TaskEnvironment(_Strict):
     setup: list[str] = Field(default_factory=list, description="shell commands")
     setup_timeout_s: float = Field(default=600, gt=0, description="per setup command")
     services: list[TaskService] = Field(default_factory=list, description="started after setup, in parallel")
+    mcp_servers: list[TaskMCPServer] = Field(default_factory=list, description="the task's tools over MCP")
 
-    @field_validator("services")
-    @classmethod
-    def _unique_service_names(cls, services: list[TaskService]) -> list[TaskService]:
-        names = [service.name for service in services]
-        if len(set(names)) != len(names):
-            raise ValueError(f"service names must be unique: {', '.join(sorted(names))}")
-        return services
+    @model_validator(mode="after")
+    def _unique_names(self) -> TaskEnvironment:
+        for what, names in (("service", [s.name for s in self.all_services]),
+                            ("MCP server", [m.name for m in self.mcp_servers])):
+            if len(set(names)) != len(names):
+                raise ValueError(f"{what} names must be unique: {', '.join(sorted(names))}")
+        return self
+
+    @property
+    def all_services(self) -> list[TaskService]:
+        """The services to start: the task's own, then its http MCP servers."""
+        return self.services + [m.service for m in self.mcp_servers if m.service is not None]
 
     def sandbox_spec(self, **overrides: Any) -> SandboxSpec:
         """The SandboxSpec for this environment; `overrides` (cpu, memory_mb, timeout_s, ...) win."""
         fields = {"image": self.image, "workdir": self.workdir, "env": dict(self.env),
-                  "network": self.network.model_copy(), "services": bool(self.services)}
+                  "network": self.network.model_copy(), "services": bool(self.all_services)}
         fields.update(overrides)
         return SandboxSpec(**fields)
 

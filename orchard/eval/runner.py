@@ -58,6 +58,7 @@ from orchard.eval.image_build.prepare import prepare_task_images
 from orchard.eval.suites import load_suite, select_tasks
 from orchard.eval.trial import Trial, TrialRig
 from orchard.gateway.config import GatewayConfig
+from orchard.harnesses.mcp import check_pairing
 from orchard.sandbox.client import AsyncOrchard
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
     check_model_route(gateway_config, model)  # a model no provider serves is refused before any sandbox
     loaded = load_suite(suite)
     tasks = select_tasks(loaded, task_ids)
+    check_pairing(agent, tasks)  # a task's MCP tools need a harness that takes them: refused before any sandbox
     settings = EvalSettings(harness=harness, harness_version=agent.version, harness_options=options, model=model,
                             sampling=sampling or SamplingParams(), suite=loaded.name, suite_hash=suite_hash(loaded),
                             timeouts=TrialTimeouts.model_validate(timeouts.model_dump()),

@@ -18,7 +18,7 @@ async def grade_services(sandbox: Sandbox, task: Task, *, pass_threshold: float 
     if not isinstance(grader, ServicesGrader):
         raise InvalidRequest(f"task {task.id} has no services grader")
     env = service_env(task)
-    env.update({f"{s.env_prefix}_STATE": f"{status.state_dir}" for s in task.environment.services
+    env.update({f"{s.env_prefix}_STATE": f"{status.state_dir}" for s in task.environment.all_services
                 for status in await sandbox.services() if status.name == s.name})
     result = await sandbox.exec_as_service(grader.script, env=env, timeout=grader.timeout_s)
     if result.exit_code in (126, 127):

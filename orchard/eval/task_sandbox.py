@@ -13,6 +13,7 @@ from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import Sandbox, SandboxFactory
 from orchard.core.task import Task
 from orchard.eval.task_services import service_env, start_services
+from orchard.harnesses.mcp.install import place_mcp_files
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -39,6 +40,7 @@ async def create_task_sandbox(orch: SandboxFactory, task: Task, *, labels: dict[
     try:
         await place_files(sandbox, task)
         await run_setup(sandbox, task)
+        await place_mcp_files(sandbox, task)
         await start_services(sandbox, task)
     except BaseException:
         await sandbox.close()

@@ -13,6 +13,7 @@ from orchard.core.deadline import Deadline
 from orchard.core.errors import InvalidRequest, OrchardError, PortClosed
 from orchard.core.sandbox import Sandbox, ServiceStart, ServiceStatus
 from orchard.core.task import Task, TaskService
+from orchard.harnesses.mcp.install import mcp_env
 
 LOG_TAIL_CHARS = 1500
 SERVICES_DIR = "services"  # OUT/services/<rollout key>/<name>.log
@@ -25,13 +26,15 @@ class ServiceFailed(InvalidRequest):
 
 
 def service_env(task: Task) -> dict[str, str]:
-    """What the sandbox's commands (and a services grader) are told of each service: its URL."""
-    return {f"{s.env_prefix}_URL": f"http://127.0.0.1:{s.port}" for s in task.environment.services if s.port}
+    """What the sandbox's commands (and a services grader) are told of each service: its URL; and of the
+    task's MCP servers, their client config (docs/tools-mcp.md)."""
+    env = {f"{s.env_prefix}_URL": f"http://127.0.0.1:{s.port}" for s in task.environment.all_services if s.port}
+    return {**env, **mcp_env(task)}
 
 
 async def start_services(sandbox: Sandbox, task: Task) -> None:
     """Start every service of the task at once and wait until each is ready; ServiceFailed otherwise."""
-    services = task.environment.services
+    services = task.environment.all_services
     if not services:
         return
     await asyncio.gather(*(_start(sandbox, task, service) for service in services))
@@ -45,7 +48,7 @@ async def _start(sandbox: Sandbox, task: Task, service: TaskService) -> None:
 
 async def check_services(sandbox: Sandbox, task: Task) -> None:
     """ServiceFailed naming the first service of the task that is no longer running."""
-    if not task.environment.services:
+    if not task.environment.all_services:
         return
     for status in await sandbox.services():
         if not status.running:
@@ -55,7 +58,7 @@ async def check_services(sandbox: Sandbox, task: Task) -> None:
 
 async def keep_service_logs(sandbox: Sandbox, task: Task, out_dir: Path | None, rollout_key: str) -> dict[str, str]:
     """Each service's log, written to OUT/services/<rollout key>/<name>.log; name -> path relative to OUT."""
-    if not task.environment.services or out_dir is None:
+    if not task.environment.all_services or out_dir is None:
         return {}
     try:
         statuses = await sandbox.services()

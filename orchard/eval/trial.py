@@ -281,7 +281,7 @@ class Trial:
 
     async def _services_after_agent(self, sandbox: Sandbox, trajectory: Trajectory) -> None:
         """The services' logs kept with the trial; a service that died meanwhile is the environment's error."""
-        if not self.task.environment.services:
+        if not self.task.environment.all_services:
             return
         trajectory.extra[SERVICE_LOGS] = await keep_service_logs(sandbox, self.task, self.rig.out_dir, self.key)
         if counts(trajectory):

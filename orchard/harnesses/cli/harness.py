@@ -43,6 +43,9 @@ class CliHarness(InSandboxHarness):
     state_dir = SCRATCH
     default_time_limit_s = 3600.0  # without an evaluator's deadline
     steps_from_gateway = True  # the Trial rebuilds the steps from the rollout's gateway records
+    # A task's MCP servers reach the program as a config file in the `mcpServers` shape ($ORCHARD_MCP_CONFIG)
+    # and the `mcp-call` command (docs/tools-mcp.md): the program takes them as it does.
+    mcp_tools = True
 
     def __init__(self, command: str | None = None, bundle: str | None = None, *,
                  env: dict[str, str] | None = None, native_logs: list[str] | None = None,

@@ -12,6 +12,7 @@ from orchard.harnesses.in_sandbox import AgentRun, Ending, Finished, InSandboxHa
 from orchard.harnesses.kimi_cli.config import CONFIG_FILE, DEFAULT_CONTEXT_SIZE, MODEL_ALIAS, SHARE_DIR, config_toml
 from orchard.harnesses.kimi_cli.convert import KimiSession, trajectory_from_session
 from orchard.harnesses.kimi_cli.dialect import KimiCliDialect
+from orchard.harnesses.mcp.install import MCP_CONFIG_PATH
 
 DEFAULT_STEP_LIMIT = 100
 STDERR_TAIL = 2000
@@ -22,6 +23,7 @@ class KimiCliHarness(InSandboxHarness):
     """Kimi-CLI 1.51.0 from its harness bundle, one print-mode turn per task."""
 
     name = "kimi-cli"
+    mcp_tools = True  # its own MCP client, given the task's servers with --mcp-config-file
     version = "1.51.0"  # the bundle's pin (bundle.py)
     bundle = "kimi-cli"
     state_dir = SHARE_DIR
@@ -41,8 +43,10 @@ class KimiCliHarness(InSandboxHarness):
         """`kimi --print --output-format stream-json`, auto-approving, in the workdir, with the bundle's `bin/`
         (ripgrep, for its Grep tool) first on the task's own PATH. The prompt goes in on stdin (print mode reads
         it there when there is no `--prompt`), so no argument length limit applies to it."""
+        mcp = ["--mcp-config-file", MCP_CONFIG_PATH] if run.task.environment.mcp_servers else []
         kimi = run.spec.entry_argv("--print", "--output-format", "stream-json", "--yolo", "--afk",
-                                   "--config-file", CONFIG_FILE, "--model", MODEL_ALIAS, "--work-dir", run.workdir)
+                                   "--config-file", CONFIG_FILE, "--model", MODEL_ALIAS, "--work-dir", run.workdir,
+                                   *mcp)
         config = config_toml(run.model, max_context_size=self.max_context_size, max_steps=self.step_limit)
         return Launch(
             argv=["sh", "-c", 'PATH="$ORCHARD_KIMI_BIN:$PATH" exec "$@"', "kimi", *kimi],

@@ -27,6 +27,7 @@ from orchard.core.run_status import ExitStatus
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Trajectory
 from orchard.harnesses.deadline import deadline_margin_s
+from orchard.harnesses.mcp.install import mcp_call_note
 from orchard.harnesses.mini_swe_agent.bridge import LoopBridge, run_in_thread
 from orchard.harnesses.mini_swe_agent.convert import convert_trajectory
 from orchard.harnesses.mini_swe_agent.dialect import MiniSweAgentDialect
@@ -46,6 +47,7 @@ class MiniSweAgentHarness:
     # The adapter's version with the wrapped package's as a local label (e.g. 0.1.0+minisweagent.2.1.0):
     # a change of either changes what the trajectories record and the evaluator's resume key.
     version = f"{orchard_version()}+minisweagent.{minisweagent.__version__}"
+    mcp_tools = True  # through the `mcp-call` command in the sandbox, listed in the instruction (mcp/install.py)
 
     def __init__(self, config: str | Path | dict[str, Any] | None = None, *, mode: Mode = "toolcall",
                  overrides: dict[str, Any] | None = None, step_limit: int | None = None,
@@ -92,6 +94,7 @@ class MiniSweAgentHarness:
         error: str | None = None
         error_status: ExitStatus = "agent_error"
         try:
+            instruction = task.instruction + await mcp_call_note(sandbox, task)
             system_info = await probe_system_info(sandbox, workdir)
             environment = OrchardSandboxEnvironment(
                 sandbox=sandbox, bridge=bridge, system_info=system_info, stop_at=_stop_at(model),
@@ -100,11 +103,13 @@ class MiniSweAgentHarness:
                                          **{**(self.config.get("model") or {}), "model_name": model.model,
                                             "mode": self.mode})
             agent = DefaultAgent(gateway_model, environment, **_within_deadline(self.agent_config, model))
-            await run_in_thread(lambda: agent.run(task.instruction), bridge, name=f"mini-swe-agent:{task.id}")
+            await run_in_thread(lambda: agent.run(instruction), bridge, name=f"mini-swe-agent:{task.id}")
         except ModelCallFailed as exc:
             error, error_status = str(exc), "model_error"
         except SandboxCallFailed as exc:
             error, error_status = str(exc), "sandbox_error"
+        except InvalidRequest as exc:  # the task's MCP tools cannot be reached: its environment's fault
+            error, error_status = str(exc), "environment_error"
         except OrchardError as exc:  # the sandbox failed before the agent started
             error, error_status = f"sandbox failed: {exc}", "sandbox_error"
         except Exception as exc:  # the agent loop itself failed (a template error, ...): not an attempt

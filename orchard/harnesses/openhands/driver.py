@@ -77,6 +77,10 @@ def main(config_path: str) -> int:
               litellm_extra_body={**(sampling.get("extra_body") or {}),
                                   **({"stop": sampling["stop"]} if sampling.get("stop") else {})})
     agent = get_default_agent(llm=llm, cli_mode=True)
+    if config.get("mcp_servers"):  # the task's tools over MCP: the agent's own client lists and calls them
+        from openhands.sdk.mcp.config import coerce_mcp_config
+
+        agent = agent.model_copy(update={"mcp_config": coerce_mcp_config({"mcpServers": config["mcp_servers"]})})
     conversation = Conversation(agent=agent, workspace=config["workdir"], persistence_dir=config["persistence_dir"],
                                 conversation_id=uuid.UUID(config["conversation_id"]), callbacks=[keep_observation],
                                 max_iteration_per_run=config["max_iterations"], visualizer=None,

@@ -29,6 +29,7 @@ from orchard.core.task import Task
 from orchard.core.trajectory import Trajectory
 from orchard.harnesses.in_sandbox import AgentRun, Ending, Finished, InSandboxHarness, Launch, SandboxFile
 from orchard.harnesses.in_sandbox.native_log import read_json, read_jsonl
+from orchard.harnesses.mcp.install import mcp_servers
 from orchard.harnesses.openhands.bundle import SDK_VERSION, SPEC
 from orchard.harnesses.openhands.convert import ConvertedRun, convert_events
 from orchard.harnesses.openhands.dialect import OpenHandsDialect
@@ -49,6 +50,7 @@ DRIVER_ENV = {"LOG_LEVEL": "WARNING", "LOG_RICH_TRACEBACKS": "false", "PYTHONUNB
 
 class OpenHandsHarness(InSandboxHarness):
     name = "openhands"
+    mcp_tools = True  # the SDK agent's own MCP client (its mcp_config), given the task's servers
     # The adapter's version with the SDK's as a local label: a change of either changes the resume key.
     version = f"{orchard_version()}+openhands-sdk.{SDK_VERSION}"
     bundle = SPEC.name
@@ -89,6 +91,7 @@ class OpenHandsHarness(InSandboxHarness):
             "max_iterations": self.step_limit, "num_retries": self.model_retries,
             "retry_wait_s": self.retry_wait_s, "request_timeout_s": int(model.timeout_s),
             "sampling": model.sampling.model_dump(exclude_none=True), "reasoning_effort": self.reasoning_effort,
+            "mcp_servers": mcp_servers(run.task),  # the agent's own MCP client takes the task's tools
         }
         home = await sandbox.exec(["sh", "-c", 'printf %s "$HOME"'])
         env = {**run.spec.entry_env(), **DRIVER_ENV}

@@ -21,6 +21,7 @@ from orchard.core.run_status import ExitStatus
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Step, Trajectory
 from orchard.harnesses.deadline import deadline_margin_s
+from orchard.harnesses.mcp.toolset import McpCallFailed, McpToolset
 from orchard.harnesses.openai_client import ChatClient, Completion, CompletionToolCall
 from orchard.harnesses.react.config import ReActConfig
 from orchard.harnesses.react.dialect import ReactDialect
@@ -37,6 +38,7 @@ AFTER_SUBMIT_MESSAGE = "Not run: submit was called earlier in this turn, which e
 class ReActHarness:
     name = "react"
     version = orchard_version()
+    mcp_tools = True  # a task's MCP tools are offered beside its own (orchard/harnesses/mcp/toolset.py)
 
     def __init__(self, config: ReActConfig | dict[str, Any] | None = None, **fields: Any) -> None:
         """`config` (a ReActConfig or its fields), with `fields` overriding it: `ReActHarness(step_limit=20)`."""
@@ -61,6 +63,8 @@ class _Episode:
         self.config, self.task, self.model = config, task, model
         self.workdir = task.environment.workdir
         self.tools = SandboxTools(sandbox, self.workdir, command_timeout_s=config.command_timeout_s)
+        self.mcp = McpToolset(task, sandbox)
+        self.tool_definitions = TOOL_DEFINITIONS
         agent = Agent(name=ReActHarness.name, version=ReActHarness.version, model_name=model.model,
                       tool_definitions=TOOL_DEFINITIONS)
         self.builder = TrajectoryBuilder(agent, task_id=task.id, rollout_key=model.rollout_key)
@@ -76,6 +80,13 @@ class _Episode:
         client = ChatClient(self.model)  # before anything runs: a config without base_url is a usage error
         exit_status, error = "", None
         try:
+            await self.mcp.__aenter__()
+        except (McpCallFailed, OrchardError) as exc:
+            await client.aclose()
+            return self._finish("environment_error", f"task {self.task.id}: its MCP tools could not be listed: {exc}")
+        self.tool_definitions = TOOL_DEFINITIONS + self.mcp.definitions
+        self.builder.trajectory.agent.tool_definitions = self.tool_definitions
+        try:
             variables = {"instruction": self.task.instruction, "workdir": self.workdir, "task_id": self.task.id}
             self._say("system", render(self.config.system_template, **variables))
             self._say("user", render(self.config.instance_template, **variables))
@@ -84,7 +95,7 @@ class _Episode:
                 if exit_status:
                     break
                 try:
-                    completion = await client.complete(self.messages, tools=TOOL_DEFINITIONS,
+                    completion = await client.complete(self.messages, tools=self.tool_definitions,
                                                        params=self.config.request_params)
                 except BudgetExceeded:
                     exit_status = "budget_exhausted"  # the rollout's budget at the gateway: a limit, not a failure
@@ -98,6 +109,7 @@ class _Episode:
                     exit_status, error = "sandbox_error", str(exc)
         finally:
             await client.aclose()
+            await self.mcp.__aexit__(None, None, None)
         return self._finish(exit_status, error)
 
     async def _act(self, completion: Completion) -> str:
@@ -122,6 +134,12 @@ class _Episode:
         arguments, problem = call.parsed_arguments()
         if problem:
             return ToolResult(content=f"Error: invalid arguments for {call.name}: {problem}", is_error=True)
+        if self.mcp.has(call.name):
+            try:
+                content, is_error = await self.mcp.call(call.name, arguments)
+            except McpCallFailed as exc:
+                return ToolResult(content=f"Error: {exc}", is_error=True)
+            return ToolResult(content=content, is_error=is_error)
         return await self.tools.call(call.name, arguments, time_left_s=self._time_left())
 
     def _say(self, role: str, text: str) -> Step:
