@@ -85,7 +85,11 @@ async def _build_local(builds: dict[str, ImageBuild], config: BackendConfig,
 
 def _build_docker(builds: dict[str, ImageBuild], config: Any) -> dict[str, str]:
     """`docker build` of each context (with its Dockerfile) through the daemon's Engine API."""
-    import docker
+    try:
+        import docker
+    except ImportError as exc:
+        return {image: f"its image needs `docker build`, but the docker SDK is not installed ({exc}; pip install "
+                       "-e '.[docker]')" for image in builds}
 
     problems: dict[str, str] = {}
     api = docker.APIClient(base_url=config.base_url, version="auto", timeout=1800)
