@@ -37,13 +37,9 @@ async def start_services(sandbox: Sandbox, task: Task) -> None:
     services = task.environment.all_services
     if not services:
         return
-    await asyncio.gather(*(_start(sandbox, task, service) for service in services))
-
-
-async def _start(sandbox: Sandbox, task: Task, service: TaskService) -> None:
-    await sandbox.start_service(ServiceStart(name=service.name, command=service.command, env=service.env,
-                                             seed_dir=service.seed_dir))
-    await _until_ready(sandbox, task, service)
+    await asyncio.gather(*(sandbox.start_service(ServiceStart(name=s.name, command=s.command, env=s.env,
+                                                              seed_dir=s.seed_dir)) for s in services))
+    await _until_ready(sandbox, task, services)
 
 
 async def check_services(sandbox: Sandbox, task: Task) -> None:
@@ -75,27 +71,35 @@ async def keep_service_logs(sandbox: Sandbox, task: Task, out_dir: Path | None, 
     return kept
 
 
-async def _until_ready(sandbox: Sandbox, task: Task, service: TaskService) -> None:
-    deadline = Deadline.after(service.ready_timeout_s)
-    while True:
-        status = next(s for s in await sandbox.services() if s.name == service.name)
-        if not status.running:
-            raise ServiceFailed(f"task {task.id}: service {service.name} ended before it was ready "
-                                f"({_ending(status)}){_tail(status)}")
-        why_not = await _not_ready(sandbox, service)
-        if why_not is None:
-            return
-        if deadline.expired:
-            raise ServiceFailed(f"task {task.id}: service {service.name} was not ready within "
-                                f"{service.ready_timeout_s:g} s ({why_not}){_tail(status)}")
-        await asyncio.sleep(POLL_S)
+async def _until_ready(sandbox: Sandbox, task: Task, services: list[TaskService]) -> None:
+    """One poll for all of them (each poll asks the agent twice: the services compete with it for the CPU
+    while they start), each service's health check made once its port listens."""
+    deadlines = {s.name: Deadline.after(s.ready_timeout_s) for s in services}
+    pending = {s.name: s for s in services}
+    while pending:
+        statuses = {status.name: status for status in await sandbox.services()}
+        listening = set(await sandbox.listening_ports()) if any(s.port for s in pending.values()) else set()
+        checks = {name: _not_ready(sandbox, service, listening) for name, service in pending.items()}
+        why_not = dict(zip(checks, await asyncio.gather(*checks.values())))
+        for name, service in list(pending.items()):
+            status = statuses[name]
+            if not status.running:
+                raise ServiceFailed(f"task {task.id}: service {name} ended before it was ready "
+                                    f"({_ending(status)}){_tail(status)}")
+            if why_not[name] is None:
+                del pending[name]
+            elif deadlines[name].expired:
+                raise ServiceFailed(f"task {task.id}: service {name} was not ready within "
+                                    f"{service.ready_timeout_s:g} s ({why_not[name]}){_tail(status)}")
+        if pending:
+            await asyncio.sleep(POLL_S)
 
 
-async def _not_ready(sandbox: Sandbox, service: TaskService) -> str | None:
+async def _not_ready(sandbox: Sandbox, service: TaskService, listening: set[int]) -> str | None:
     """None when ready, else why not yet."""
     if service.port is None:
         return None
-    if service.port not in await sandbox.listening_ports():
+    if service.port not in listening:
         return f"nothing listens on port {service.port}"
     if service.health_check is None:
         return None
