@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from orchard.cli.main import app
 from orchard.core.errors import GraderError, InvalidRequest
-from orchard.core.task import ScriptGrader, Task
+from orchard.core.task import ScriptGrader, ServicesGrader, Task
 from orchard.eval.dialects import load_task_dir
 from orchard.eval.grading import _reward_of, grade_script
 from orchard.eval.load_errors import LOAD_ERROR_KEY
@@ -51,11 +51,12 @@ def debian_home(module_home) -> Path:
 
 # --- loading ---------------------------------------------------------------------------------------
 
-def test_both_dialects_load_from_the_example_suite_by_name():
+def test_every_dialect_loads_from_the_example_suite_by_name():
     assert available_suites()["task-dirs-mini"] == SUITE
     suite = load_suite("task-dirs-mini")
-    claw, harbor = suite.tasks
-    assert (claw.id, harbor.id) == ("mini-001", HARBOR)
+    by_id = {task.id: task for task in suite.tasks}
+    assert list(by_id) == ["mini-001", "mini-003", "harbor-build", HARBOR, "mail-service", "notes-mcp"]
+    claw, harbor = by_id["mini-001"], by_id[HARBOR]
     assert not any(LOAD_ERROR_KEY in task.metadata for task in suite.tasks)
     # claw-bench: the host image, the workspace as /workspace, "workspace/" in the instruction rewritten
     assert (claw.environment.image, claw.environment.workdir) == ("host", "/workspace")
@@ -65,13 +66,21 @@ def test_both_dialects_load_from_the_example_suite_by_name():
                                        "rm -rf /tmp/orchard-claw-task")]
     # Harbor: the prebuilt image of task.toml, its workdir; the tests at /tests, placed only for grading
     assert (harbor.environment.image, harbor.environment.workdir) == ("debian:bookworm-slim", "/app")
-    for task in suite.tasks:
+    for task in (claw, harbor, by_id["mini-003"], by_id["harbor-build"]):
         grader = task.grader
         assert isinstance(grader, ScriptGrader) and grader.reward_required and grader.reference_solution
         placed = [file.path for file in task.environment.files]
         assert not [path for path in placed if "verifier" in path or "tests" in path or "solution" in path]
     assert [f.path for f in harbor.grader.files] == ["/tests/test.sh"] and harbor.grader.files[0].mode & 0o111
     assert "/tmp/orchard-claw-verifier/verifier/test_output.py" in [f.path for f in claw.grader.files]
+    # Orchard's own: task.json with its files/ placed at their paths, solve.sh as the reference solution
+    mail, notes = by_id["mail-service"], by_id["notes-mcp"]
+    assert [f.path for f in mail.environment.files] == ["/tmp/mail/check.py", "/tmp/mail/mail.py"]
+    assert [s.name for s in mail.environment.services] == ["mail"]
+    assert [m.name for m in notes.environment.mcp_servers] == ["notes"]
+    for task in (mail, notes):
+        assert isinstance(task.grader, ServicesGrader) and "solution/solve.sh" in task.grader.reference_solution
+        assert task.instruction.startswith(("A mail service", "Keep a note"))
 
 
 def _rewrite(path: Path, old: str, new: str) -> None:
@@ -126,7 +135,8 @@ def test_a_directory_of_neither_kind_says_what_a_suite_holds(tmp_path):
 def test_two_task_dirs_with_one_id_are_told_apart(suite_copy):
     shutil.copytree(suite_copy / CLAW, suite_copy / "claw-copy")
     tasks = load_suite(suite_copy).tasks
-    assert [task.id for task in tasks] == ["mini-001", CLAW, HARBOR]  # the second is named after its directory
+    # directories by name: claw-copy, claw-sales-summary, ...: the second with the id is named after its directory
+    assert [task.id for task in tasks][:2] == ["mini-001", CLAW]
     assert "its id 'mini-001' is also the id of claw-copy" in tasks[1].metadata[LOAD_ERROR_KEY]
 
 
@@ -196,9 +206,10 @@ async def test_harbor_reads_reward_json_and_garbage_is_a_grader_error(debian_hom
 async def test_validate_the_example_suite_every_solution_resolves_and_no_op_fails(debian_home, monkeypatch):
     monkeypatch.setenv("ORCHARD_HOME", str(debian_home))
     checks = await validate_suite("task-dirs-mini", backend="local")
+    ids = ["mini-001", "mini-003", "harbor-build", HARBOR, "mail-service", "notes-mcp"]
     assert [(c.task_id, c.valid, c.gold_resolved, c.empty_resolved) for c in checks] == [
-        ("mini-001", True, True, False), (HARBOR, True, True, False)], [c.problems for c in checks]
-    assert [(c.gold_reward, c.empty_reward) for c in checks] == [(1.0, 0.0), (1.0, 0.0)]
+        (task_id, True, True, False) for task_id in ids], [c.problems for c in checks]
+    assert [(c.gold_reward, c.empty_reward) for c in checks] == [(1.0, 0.0)] * len(ids)
     assert not await live_sandbox_ids(debian_home)
 
 
@@ -226,7 +237,7 @@ def test_validate_cli_lists_a_wrong_solution_and_a_broken_task(embedded_home, su
     assert "mini-002: the reference solution does not resolve it: reward 0.75 (the pass threshold is 1); the " \
            "verifier said:" in "\n".join(lines)
     assert "harbor-hello: task harbor-hello: task.toml: verifier.timeout_sec: Input should be greater than 0" in lines
-    assert "3 task(s), 2 invalid" in lines
+    assert "7 task(s), 2 invalid" in lines
 
 
 @pytest.mark.slow

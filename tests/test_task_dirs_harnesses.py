@@ -1,8 +1,9 @@
 """eval/task-dirs-mini end to end with the oracle through every built-in harness (react, mini-swe-agent, the
 zero-code `cli` harness running mini-swe-agent's own `mini` from its bundle, kimi-cli, openhands): the oracle
-plays each task's solve.sh through the harness's own shell tool, and both tasks (the Harbor task on the
-Debian image, the claw-bench one on the host image) come out resolved with the full reward. That a no-op
-resolves neither is checked by `orchard eval validate` (tests/test_task_dirs.py). The in-sandbox harnesses'
+plays each task's solve.sh through the harness's own shell tool, and every task (Harbor's on the Debian image
+and on an image built from its Dockerfile, claw-bench's on the host image, a mail service graded by its
+state, a notes tool over MCP) comes out resolved with the full reward. That a no-op resolves none is checked
+by `orchard eval validate` (tests/test_task_dirs.py). The in-sandbox harnesses'
 bundles are built at most once per session into the cache every harness test module shares."""
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from tests.in_sandbox_harness_rig import run_trajectories
 from tests.running_server import live_sandbox_ids
 from tests.test_harness_cli import documented_options
 
+# Each part of a world inside the sandbox: a claw-bench task (partial scores) of each of two kinds, a Harbor
+# task on a prebuilt image and one built from its Dockerfile, a service graded by its state, a tool over MCP.
+TASKS = ["mini-001", "mini-003", "harbor-build", "harbor-hello", "mail-service", "notes-mcp"]
 HARNESSES = [
     pytest.param("react", (), {}, id="react"),
     pytest.param("mini-swe-agent", (), {}, id="mini-swe-agent"),
@@ -46,7 +50,7 @@ async def test_the_oracle_resolves_both_dialects_through_each_harness(harness, b
                              gateway_config=eval_gateway_config("oracle"), backend="local",
                              harness_options=documented_options() if options == "documented" else options)
     assert {(row.task_id, row.status, row.reward) for row in results.tasks} == {
-        ("mini-001", "resolved", 1.0), ("harbor-hello", "resolved", 1.0)}, [row.error for row in results.tasks]
+        (task_id, "resolved", 1.0) for task_id in TASKS}, [row.error for row in results.tasks]
     for trajectory in run_trajectories(out):
         # the reference solution went through the harness's own tool, the base64 of solve.sh intact
         commands = [json.dumps(call.arguments) for step in trajectory.steps for call in step.tool_calls]

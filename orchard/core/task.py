@@ -184,6 +184,8 @@ class ServicesGrader(_Strict):
     script: str = Field(min_length=1)
     reward: Literal["exit_code", "stdout"] = "exit_code"
     timeout_s: float = Field(default=600, gt=0)
+    reference_solution: str | None = Field(default=None, description="a shell command that solves the task (what "
+                                           "the oracle plays and `orchard eval validate` checks)")
 
 
 GraderSpec = Annotated[SWETestsGrader | ScriptGrader | ServicesGrader, Field(discriminator="kind")]

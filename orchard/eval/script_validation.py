@@ -1,5 +1,5 @@
-"""`orchard eval validate` for a script-graded task with a reference solution (Harbor's and claw-bench's task
-directories): in a fresh sandbox the solution, run in the workdir as the oracle runs it, must resolve the
+"""`orchard eval validate` for a script- or services-graded task with a reference solution (task directories,
+services' tasks): in a fresh sandbox the solution, run in the workdir as the oracle runs it, must resolve the
 task at the pass threshold; in another fresh sandbox nothing is done (a no-op) and the task must not be
 resolved. Both graded by the evaluator's own script grader, in parallel; every sandbox is deleted after."""
 
@@ -9,9 +9,10 @@ import asyncio
 
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import SandboxFactory
-from orchard.core.task import ScriptGrader, Task
+from orchard.core.task import ScriptGrader, ServicesGrader, Task
 from orchard.core.trajectory import Outcome
 from orchard.eval.grading import grade_script
+from orchard.eval.service_grading import grade_services
 from orchard.eval.task_sandbox import create_task_sandbox
 
 SOLUTION_TIMEOUT_S = 600.0
@@ -29,6 +30,8 @@ async def _graded(orch: SandboxFactory, task: Task, solution: str | None, pass_t
             if ran.exit_code != 0 or ran.timed_out:
                 raise _SolutionFailed(f"the reference solution {'timed out' if ran.timed_out else 'failed'} "
                                       f"(exit {ran.exit_code}): {' '.join(ran.output.split())[-400:]}")
+        if isinstance(task.grader, ServicesGrader):
+            return await grade_services(sandbox, task, pass_threshold=pass_threshold)
         return await grade_script(sandbox, task, pass_threshold=pass_threshold)
     finally:
         await sandbox.close()
@@ -38,7 +41,7 @@ async def validate_script_task(orch: SandboxFactory, task: Task,
                                pass_threshold: float) -> tuple[Outcome | None, Outcome | None, list[str]]:
     """(the solution's outcome, the no-op's, the problems); an outcome is None where it could not be had."""
     grader = task.grader
-    assert isinstance(grader, ScriptGrader) and grader.reference_solution
+    assert isinstance(grader, (ScriptGrader, ServicesGrader)) and grader.reference_solution
     runs = await asyncio.gather(_graded(orch, task, grader.reference_solution, pass_threshold),
                                 _graded(orch, task, None, pass_threshold), return_exceptions=True)
     outcomes: list[Outcome | None] = []

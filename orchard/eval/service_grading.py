@@ -25,7 +25,7 @@ async def grade_services(sandbox: Sandbox, task: Task, *, pass_threshold: float 
         raise GraderError(f"task {task.id}: the services check could not be started (exit {result.exit_code}): "
                           f"{result.output.strip()[-300:]}")
     details = {"grader": "services", "exit_code": result.exit_code, "timed_out": result.timed_out,
-               "output_tail": result.output[-OUTPUT_TAIL_CHARS:]}
+               "output_tail": result.output[-OUTPUT_TAIL_CHARS:], "pass_threshold": pass_threshold}
     if grader.reward == "exit_code":
         resolved = result.exit_code == 0 and not result.timed_out
         return Outcome(resolved=resolved, reward=1.0 if resolved else 0.0, details=details)
@@ -41,5 +41,4 @@ async def grade_services(sandbox: Sandbox, task: Task, *, pass_threshold: float 
     if not 0.0 <= reward <= 1.0:  # NaN included
         raise GraderError(f"task {task.id}: the services check's last line is not a reward in [0, 1]: "
                           f"{(lines[-1] if lines else '')[:80]!r}")
-    details["pass_threshold"] = pass_threshold
     return Outcome(resolved=reward >= pass_threshold, reward=reward, details=details)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from orchard.core.backend import BackendConfig
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import SandboxFactory
-from orchard.core.task import ScriptGrader, SWETestsGrader, Task
+from orchard.core.task import ScriptGrader, ServicesGrader, SWETestsGrader, Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Outcome
 from orchard.eval.grading import grade_swe_patch
@@ -64,7 +64,7 @@ async def validate_task(orch: SandboxFactory, task: Task, *, pass_threshold: flo
         result.problems.append(str(load_error))
         return result
     grader = task.grader
-    if isinstance(grader, ScriptGrader) and grader.reference_solution:
+    if isinstance(grader, (ScriptGrader, ServicesGrader)) and grader.reference_solution:
         solved, noop, problems = await validate_script_task(orch, task, pass_threshold)
         result.gold_resolved, result.gold_reward = (solved.resolved, solved.reward) if solved else (None, None)
         result.empty_resolved, result.empty_reward = (noop.resolved, noop.reward) if noop else (None, None)

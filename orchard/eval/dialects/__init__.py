@@ -1,10 +1,12 @@
-"""Task-directory suites: a directory of task directories, each in one of two dialects, read as it is
+"""Task-directory suites: a directory of task directories, each in one of three dialects, read as it is
 (docs/suites.md):
 
 - Harbor's (harbor.py): `task.toml` with tables, `instruction.md`, `environment/`, `tests/test.sh` writing
   /logs/verifier/reward.txt or reward.json, `solution/solve.sh`;
 - claw-bench's (claw_bench.py): a flat `task.toml`, `environment/setup.sh` and `solution/solve.sh` taking the
-  workspace as $1, `verifier/test_output.py` run by pytest with `--workspace` (score: checks passed / total).
+  workspace as $1, `verifier/test_output.py` run by pytest with `--workspace` (score: checks passed / total);
+- Orchard's own (orchard_dir.py): `task.json`, an Orchard task (services, MCP tools, any grader), with its
+  `files/` and `solution/solve.sh` beside it.
 
 A task directory that cannot be read (a `task.toml` missing a key, a file missing) becomes a task that is not
 runnable, with the reason (load_errors.py): the rest of the suite runs."""
@@ -17,12 +19,14 @@ from orchard.core.task import Task
 from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE, claw_bench_task, is_claw_bench_dir
 from orchard.eval.dialects.common import TASK_TOML, TaskDirError
 from orchard.eval.dialects.harbor import harbor_task
+from orchard.eval.dialects.orchard_dir import is_orchard_dir, orchard_dir_task
 from orchard.eval.load_errors import unrunnable_task
 
 
 def task_dirs(directory: Path) -> list[Path]:
-    """The task directories directly under `directory` (those with a task.toml), by name."""
-    return sorted(child for child in directory.iterdir() if child.is_dir() and (child / TASK_TOML).is_file())
+    """The task directories directly under `directory` (those with a task.toml or a task.json), by name."""
+    return sorted(child for child in directory.iterdir()
+                  if child.is_dir() and ((child / TASK_TOML).is_file() or is_orchard_dir(child)))
 
 
 def holds_task_dirs(directory: Path) -> bool:
@@ -34,6 +38,8 @@ def load_task_dir(directory: Path, *, claw_bench_image: str = DEFAULT_IMAGE) -> 
     after its directory) when it cannot be read. `claw_bench_image`: where claw-bench's tasks run (Harbor's
     name theirs)."""
     try:
+        if is_orchard_dir(directory):
+            return orchard_dir_task(directory)
         if is_claw_bench_dir(directory):
             return claw_bench_task(directory, claw_bench_image)
         return harbor_task(directory)
