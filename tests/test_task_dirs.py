@@ -366,7 +366,8 @@ def test_the_pages_commands_layouts_and_task_tomls_are_the_real_ones():
 
 
 @pytest.mark.slow
-def test_the_pages_python_runs_as_written(embedded_home, capsys):
+def test_the_pages_python_runs_as_written(debian_home, monkeypatch, capsys):
+    monkeypatch.setenv("ORCHARD_HOME", str(debian_home))
     (_, code, line), = doc_blocks.of_kind(DOC, "python")
     doc_blocks.run_python(code, f"suites.md:{line}", {})
     printed = capsys.readouterr().out
