@@ -18,7 +18,7 @@ from orchard.harnesses.mcp.install import mcp_env
 LOG_TAIL_CHARS = 1500
 SERVICES_DIR = "services"  # OUT/services/<rollout key>/<name>.log
 SERVICE_LOGS = "service_logs"  # Trajectory.extra: name -> its log's path, relative to OUT
-POLL_S = 0.01
+POLL_S = 0.005
 
 
 class ServiceFailed(InvalidRequest):
