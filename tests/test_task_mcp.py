@@ -22,8 +22,9 @@ from tests.test_eval import evaluate, trajectories
 # The notes server: add_note keeps a note in its state directory (its cwd), so the grader can read it.
 NOTES = r"""
 import os, sys
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Image, MCPServer
 server = MCPServer("notes")
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000")  # a PNG's first bytes
 
 @server.tool()
 def add_note(title: str, body: str) -> str:
@@ -36,6 +37,11 @@ def add_note(title: str, body: str) -> str:
 def shout(text: str) -> str:
     '''The text in capitals.'''
     return text.upper()
+
+@server.tool()
+def snapshot() -> Image:
+    '''A picture of the notes.'''
+    return Image(data=PNG, format="png")
 
 if sys.argv[1] == "http":
     server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
@@ -72,14 +78,22 @@ async def run(home, out, scripted, replies, task=None, harness="react") -> list:
 
 async def test_react_offers_the_mcp_tools_and_records_each_call(home, tmp_path, scripted):
     (done,) = await run(home, tmp_path / "run", scripted, [
-        tool_calls(("notes__add_note", {"title": "groceries", "body": "milk"}), ("loud__shout", {"text": "done"})),
+        tool_calls(("notes__add_note", {"title": "groceries", "body": "milk"}), ("loud__shout", {"text": "done"}),
+                   ("notes__snapshot", {})),
         tool_calls(("submit", {}))])
     assert done.outcome.resolved, done.outcome
     offered = {tool["function"]["name"] for tool in done.agent.tool_definitions}
     assert {"notes__add_note", "notes__shout", "loud__add_note", "loud__shout", "bash", "submit"} <= offered
     (step,) = [s for s in done.steps if s.tool_calls and s.tool_calls[0].function_name == "notes__add_note"]
-    assert [r.content for r in step.observation.results] == ["kept groceries", "DONE"]
+    kept, shouted, snapshot = step.observation.results
+    assert (kept.content, shouted.content) == ("kept groceries", "DONE")
     assert [r.source_call_id for r in step.observation.results] == [c.tool_call_id for c in step.tool_calls]
+    # an image result: the model reads a line describing it; the trajectory keeps the image, written beside it
+    text, image = snapshot.content
+    assert text.text.startswith("[image: image/png")
+    assert (tmp_path / "run" / image.source.path).read_bytes() == bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000")
+    assert "orchard.pending_images" not in done.extra
 
 
 async def test_mini_swe_agent_calls_the_tools_with_mcp_call(home, tmp_path, scripted):

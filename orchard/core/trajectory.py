@@ -57,6 +57,13 @@ class ExtensibleAtifObject(AtifObject):
 
 # --- content ---------------------------------------------------------------------------------------
 
+# Trajectory.extra: images a harness recorded (an observation's image parts name them by `path`), as
+# {path: base64}, until the evaluator writes each to that path beside the trajectories and drops the map.
+PENDING_IMAGES = "orchard.pending_images"
+IMAGES_DIR = "images"
+IMAGE_TYPES = {"image/jpeg": "jpg", "image/png": "png", "image/gif": "gif", "image/webp": "webp"}
+
+
 class ImageSource(AtifObject):
     """ATIF v1.6: an image stored as a file (path relative to the trajectory file) or at a URL."""
 

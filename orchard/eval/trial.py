@@ -61,6 +61,7 @@ from orchard.eval.step_links import link_steps_to_calls
 from orchard.eval.suites import LOAD_ERROR_KEY
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
 from orchard.eval.task_services import SERVICE_LOGS, ServiceFailed, check_services, keep_service_logs
+from orchard.eval.trajectory_images import keep_images
 from orchard.eval.trial_status import (blame_a_failed_model_call, counts, environment_status, grader_status,
                                       harness_setup_status, patch_status, settle_exit_status)
 
@@ -186,6 +187,7 @@ class Trial:
                               on_error=harness_setup_status, skip_if=lambda: not hasattr(self.rig.harness, "setup"))
             trajectory = await self._agent(sandbox)
             await keep_native_logs(sandbox, trajectory, self.rig.out_dir, self.key)
+            keep_images(trajectory, self.rig.out_dir)
             await self._services_after_agent(sandbox, trajectory)
             if counts(trajectory):
                 patch = await self._after_agent(sandbox, base, trajectory)

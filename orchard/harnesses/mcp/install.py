@@ -29,6 +29,10 @@ This task also gives you tools over MCP. Call one from the shell with:
 {tools}"""
 
 
+class McpToolsUnavailable(InvalidRequest):
+    """The task's MCP tools cannot be reached from the sandbox's shell: the task's environment is at fault."""
+
+
 def mcp_servers(task: Task) -> dict[str, Any]:
     return {server.name: server.client_config() for server in task.environment.mcp_servers}
 
@@ -55,10 +59,10 @@ async def mcp_call_note(sandbox: Sandbox, task: Task) -> str:
         return ""
     probe = await sandbox.exec(["/bin/sh", "-c", "command -v python3"], timeout=30)
     if probe.exit_code != 0:
-        raise InvalidRequest(f"task {task.id}: its MCP tools reach a shell-only harness through mcp-call, which "
+        raise McpToolsUnavailable(f"task {task.id}: its MCP tools reach a shell-only harness through mcp-call, which "
                              f"needs python3 in the sandbox's image ({task.environment.image}); it has none")
     listing = await sandbox.exec([MCP_CALL_PATH, "--list"], timeout=LIST_TIMEOUT_S)
     if listing.exit_code != 0:
-        raise InvalidRequest(f"task {task.id}: its MCP tools could not be listed: "
+        raise McpToolsUnavailable(f"task {task.id}: its MCP tools could not be listed: "
                              f"{(listing.stderr or listing.stdout).strip()[-500:]}")
     return NOTE.format(path=MCP_CALL_PATH, tools=listing.stdout.rstrip())

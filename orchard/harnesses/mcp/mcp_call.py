@@ -5,9 +5,9 @@
     mcp-call SERVER TOOL '{"arg": 1}'    call a tool; prints its result (text; other content described)
 
 The servers come from ORCHARD_MCP_SERVERS, a JSON object of name -> {"url": ...} (streamable HTTP) or
-{"command": ..., "args": [...], "env": {...}} (stdio: started for the call), as MCP clients' `mcpServers`. Standard library only: it runs on the
-image's python3 whatever is installed there. Exit status: 0 done, 1 the tool reported an error, 2 usage or
-connection errors (with a message on stderr)."""
+{"command": ..., "args": [...], "env": {...}} (stdio: started for the call), the `mcpServers` shape of
+MCP clients. Standard library only: it runs on the image's python3 whatever is installed there. Exit
+status: 0 done, 1 the tool reported an error, 2 usage or connection errors (with a message on stderr)."""
 
 import json
 import os

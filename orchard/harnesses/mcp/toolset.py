@@ -9,6 +9,7 @@ goes back to the model; other content (an image, a resource) is described in a l
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import Sandbox
 from orchard.core.task import Task, TaskMCPServer
+from orchard.core.trajectory import IMAGE_TYPES
 
 SEPARATOR = "__"
 MAX_NAME = 64  # OpenAI's limit on a function's name
@@ -59,8 +61,9 @@ class McpToolset:
     def has(self, name: str) -> bool:
         return name in self._routes
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
-        """(what the model sees, whether the tool reported an error); McpCallFailed when the server failed."""
+    async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool, list[tuple[str, bytes]]]:
+        """(what the model sees, whether the tool reported an error, its images as (media type, bytes) for the
+        trajectory); McpCallFailed when the server failed."""
         server, tool = self._routes[name]
         if server.transport == "http":
             try:
@@ -68,10 +71,11 @@ class McpToolset:
             except Exception as exc:  # noqa: BLE001 — the SDK raises many kinds; the model sees which
                 raise McpCallFailed(f"MCP server {server.name} failed on {tool}: "
                                     f"{type(exc).__name__}: {exc}") from exc
-            content = [part.model_dump(mode="json") for part in result.content]
-            return render(content), bool(result.is_error)
+            content = [part.model_dump(mode="json", by_alias=True) for part in result.content]
+            return render(content), bool(result.is_error), images(content)
         answer = await self._sessions[server.name].call_tool(tool, arguments)
-        return render(answer.get("content", [])), bool(answer.get("isError"))
+        content = answer.get("content", [])
+        return render(content), bool(answer.get("isError")), images(content)
 
     async def _open_http(self, server: TaskMCPServer) -> list[dict[str, Any]]:
         from mcp import ClientSession
@@ -162,6 +166,17 @@ class StdioSession:
             self.writer.close()
             with contextlib.suppress(OSError):
                 await self.writer.wait_closed()
+
+
+def images(content: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
+    """A result's images of the kinds a trajectory keeps (ATIF: jpeg, png, gif, webp), decoded."""
+    found = []
+    for part in content:
+        media_type = part.get("mimeType") or part.get("mime_type")
+        if part.get("type") == "image" and media_type in IMAGE_TYPES:
+            with contextlib.suppress(ValueError, TypeError):
+                found.append((media_type, base64.b64decode(part.get("data", ""), validate=True)))
+    return found
 
 
 def render(content: list[dict[str, Any]]) -> str:

@@ -27,7 +27,7 @@ from orchard.core.run_status import ExitStatus
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Outcome, Trajectory
 from orchard.harnesses.deadline import deadline_margin_s
-from orchard.harnesses.mcp.install import mcp_call_note
+from orchard.harnesses.mcp.install import McpToolsUnavailable, mcp_call_note
 from orchard.harnesses.mini_swe_agent.bridge import LoopBridge, run_in_thread
 from orchard.harnesses.mini_swe_agent.convert import convert_trajectory
 from orchard.harnesses.mini_swe_agent.dialect import MiniSweAgentDialect
@@ -108,7 +108,7 @@ class MiniSweAgentHarness:
             error, error_status = str(exc), "model_error"
         except SandboxCallFailed as exc:
             error, error_status = str(exc), "sandbox_error"
-        except InvalidRequest as exc:  # the task's MCP tools cannot be reached: its environment's fault
+        except McpToolsUnavailable as exc:  # the task's MCP tools cannot be reached: its environment's fault
             error, error_status = str(exc), "environment_error"
         except OrchardError as exc:  # the sandbox failed before the agent started
             error, error_status = f"sandbox failed: {exc}", "sandbox_error"

@@ -125,7 +125,7 @@ class _Episode:
         for call in completion.tool_calls:
             result = ToolResult(content=AFTER_SUBMIT_MESSAGE, is_error=True) if submitted else await self._run(call)
             content = truncate_middle(result.content, self.config.max_observation_chars)
-            self.builder.observe(step, call.id, content, is_error=result.is_error)
+            self.builder.observe(step, call.id, content, is_error=result.is_error, images=result.images)
             self.messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
             submitted = submitted or result.submitted
         return "submitted" if submitted else ""
@@ -136,10 +136,10 @@ class _Episode:
             return ToolResult(content=f"Error: invalid arguments for {call.name}: {problem}", is_error=True)
         if self.mcp.has(call.name):
             try:
-                content, is_error = await self.mcp.call(call.name, arguments)
+                content, is_error, images = await self.mcp.call(call.name, arguments)
             except McpCallFailed as exc:
                 return ToolResult(content=f"Error: {exc}", is_error=True)
-            return ToolResult(content=content, is_error=is_error)
+            return ToolResult(content=content, is_error=is_error, images=images)
         return await self.tools.call(call.name, arguments, time_left_s=self._time_left())
 
     def _say(self, role: str, text: str) -> Step:

@@ -68,6 +68,7 @@ class ToolResult(BaseModel):
     content: str
     submitted: bool = False
     is_error: bool = False
+    images: list[tuple[str, bytes]] = []  # (media type, bytes): an MCP tool's images, recorded beside the text
 
 
 class _Args(BaseModel):

@@ -3,9 +3,12 @@ one agent step per model call (its text, reasoning, tool calls and their linked 
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime, timezone
+from urllib.parse import quote
 
-from orchard.core.trajectory import Agent, FinalMetrics, Observation, ObservationResult, Step, Trajectory
+from orchard.core.trajectory import (IMAGE_TYPES, IMAGES_DIR, PENDING_IMAGES, Agent, ContentPart, FinalMetrics,
+                                     ImageSource, Observation, ObservationResult, Step, Trajectory)
 from orchard.harnesses.openai_client import Completion
 
 
@@ -35,12 +38,23 @@ class TrajectoryBuilder:
             tool_calls=[call.to_trajectory() for call in completion.tool_calls], metrics=completion.metrics(),
             llm_call_count=1, extra=extra))
 
-    @staticmethod
-    def observe(step: Step, call_id: str, content: str, *, is_error: bool) -> None:
+    def observe(self, step: Step, call_id: str, content: str, *, is_error: bool,
+                images: list[tuple[str, bytes]] = ()) -> None:
+        """A tool's result; its images (an MCP tool's: media type, bytes) as image parts after the text, the
+        bytes kept in extra[PENDING_IMAGES] until the evaluator writes them beside the trajectory."""
         if step.observation is None:
             step.observation = Observation()
+        parts: str | list[ContentPart] = content
+        if images:
+            pending = self.trajectory.extra.setdefault(PENDING_IMAGES, {})
+            parts = [ContentPart(type="text", text=content)]
+            run = quote(self.trajectory.rollout_key or self.trajectory.task_id or "run", safe="")
+            for media_type, data in images:
+                path = f"{IMAGES_DIR}/{run}/{step.step_id}-{len(pending) + 1}.{IMAGE_TYPES[media_type]}"
+                pending[path] = base64.b64encode(data).decode("ascii")
+                parts.append(ContentPart(type="image", source=ImageSource(media_type=media_type, path=path)))
         step.observation.results.append(ObservationResult(
-            source_call_id=call_id, content=content, extra={"is_error": True} if is_error else {}))
+            source_call_id=call_id, content=parts, extra={"is_error": True} if is_error else {}))
 
     def finish(self, *, wall_time_s: float) -> Trajectory:
         def total(key: str) -> int | None:

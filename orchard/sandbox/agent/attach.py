@@ -13,7 +13,6 @@ end by itself). A `timeout` bounds the whole attachment."""
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 import threading
 import time
