@@ -108,6 +108,22 @@ async def test_a_service_that_does_not_get_ready_is_an_environment_error(home, t
     assert all(part in trajectory.outcome.error for part in named), trajectory.outcome.error
 
 
+async def test_a_port_already_taken_is_an_environment_error_naming_the_service(home, tmp_path, scripted):
+    """Taken by the task's own setup: the port would pass for the service's readiness, so it is refused
+    before the services start. Two services declaring one port are refused when the task is read."""
+    task = mail_task()
+    task.environment.setup.append("python3 -m http.server 8025 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 & "
+                                  "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection("
+                                  "(\"127.0.0.1\", 8025))' 2>/dev/null && break; sleep 0.1; done")
+    (trajectory,) = await run(home, tmp_path / "run", scripted, task, [tool_calls(("submit", {}))])
+    assert trajectory.exit_status == "environment_error", trajectory.outcome
+    assert ("task send-mail: port 8025 of service mail is already taken in the sandbox before the services "
+            "start") in trajectory.outcome.error
+    with pytest.raises(ValueError, match="services mail and impostor both listen on port 8025"):
+        TaskEnvironment(services=[*task.environment.services,
+                                  TaskService(name="impostor", command="true", port=8025)])
+
+
 async def test_a_service_that_dies_during_the_run_is_an_environment_error(home, tmp_path, scripted):
     dying = TaskService(name="mail", command="echo about to go; sleep 0.5; exit 4")
     (trajectory,) = await run(home, tmp_path / "run", scripted, mail_task(dying),

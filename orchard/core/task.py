@@ -127,6 +127,11 @@ class TaskEnvironment(_Strict):
                             ("MCP server", [m.name for m in self.mcp_servers])):
             if len(set(names)) != len(names):
                 raise ValueError(f"{what} names must be unique: {', '.join(sorted(names))}")
+        by_port: dict[int, str] = {}
+        for service in self.all_services:
+            if service.port is not None and by_port.setdefault(service.port, service.name) != service.name:
+                raise ValueError(f"services {by_port[service.port]} and {service.name} both listen on port "
+                                 f"{service.port}; give each its own")
         return self
 
     @property

@@ -37,6 +37,12 @@ async def start_services(sandbox: Sandbox, task: Task) -> None:
     services = task.environment.all_services
     if not services:
         return
+    # A port something else holds would pass for the service's own readiness: refused before they start.
+    taken = set(await sandbox.listening_ports())
+    for service in services:
+        if service.port in taken:
+            raise ServiceFailed(f"task {task.id}: port {service.port} of service {service.name} is already taken in "
+                                "the sandbox before the services start (by the image or the task's setup)")
     await asyncio.gather(*(sandbox.start_service(ServiceStart(name=s.name, command=s.command, env=s.env,
                                                               seed_dir=s.seed_dir)) for s in services))
     await _until_ready(sandbox, task, services)
