@@ -27,6 +27,22 @@ def sync_block(call: Callable[[], object]) -> Block:
     return block
 
 
+def echo_round_trips(conn, payload: bytes) -> Block:
+    """Round trips of `payload` to an echo server on the kept connection `conn` (sent, then read back whole)."""
+    def block(k: int) -> list[float]:
+        durations = []
+        for _ in range(k):
+            started = time.perf_counter()
+            conn.sendall(payload)
+            received = 0
+            while received < len(payload):
+                received += len(conn.recv(65536))
+            durations.append(time.perf_counter() - started)
+        return durations
+
+    return block
+
+
 def async_block(runner: asyncio.Runner, call: Callable[[], Awaitable[object]]) -> Block:
     """Time inside the event loop so the cost of entering the loop is not counted per call."""
 

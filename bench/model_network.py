@@ -10,11 +10,10 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.latency import measure_interleaved
+from bench.latency import echo_round_trips, measure_interleaved
 from bench.measurement import BenchContext, Measurement
 from bench.results_model import Findings, Row, Target
 
@@ -145,21 +144,9 @@ def _relay_alone(ctx: BenchContext):
         straight = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         straight.connect(path)
 
-        def block_of(conn: socket.socket):
-            def block(k: int) -> list[float]:
-                durations = []
-                for _ in range(k):
-                    started = time.perf_counter()
-                    conn.sendall(payload)
-                    received = 0
-                    while received < len(payload):
-                        received += len(conn.recv(65536))
-                    durations.append(time.perf_counter() - started)
-                return durations
-            return block
-
         try:
-            stats = measure_interleaved({"relay": block_of(relayed), "socket": block_of(straight)},
+            stats = measure_interleaved({"relay": echo_round_trips(relayed, payload),
+                                         "socket": echo_round_trips(straight, payload)},
                                         warmup=100, runs=ctx.pick(20000, 2000), rounds=ctx.pick(20, 4))
         finally:
             relayed.close()

@@ -16,7 +16,7 @@ import threading
 import time
 from contextlib import ExitStack
 
-from bench.latency import measure_interleaved
+from bench.latency import echo_round_trips, measure_interleaved
 from bench.measurement import BenchContext, Measurement
 from bench.results_model import Findings, Row, Target
 
@@ -75,8 +75,8 @@ def run(ctx: BenchContext) -> Findings:
             stack.callback(conn.close)
             if conn.family != socket.AF_UNIX:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        stats = measure_interleaved({name: _round_trips(conn) for name, conn in conns.items()}, warmup=200,
-                                    runs=ctx.pick(20000, 2000), rounds=ctx.pick(20, 4))
+        stats = measure_interleaved({name: echo_round_trips(conn, PAYLOAD) for name, conn in conns.items()},
+                                    warmup=200, runs=ctx.pick(20000, 2000), rounds=ctx.pick(20, 4))
         http_stats = measure_interleaved({name: _gets(client) for name, client in http.items()}, warmup=50,
                                          runs=ctx.pick(4000, 400), rounds=ctx.pick(20, 4))
         size = ctx.pick(64, 8) << 20
@@ -159,20 +159,6 @@ def _socket_inodes(pid: int) -> set[str]:
         if target.startswith("socket:["):
             found.add(target[8:-1])
     return found
-
-
-def _round_trips(conn: socket.socket):
-    def block(k: int) -> list[float]:
-        durations = []
-        for _ in range(k):
-            started = time.perf_counter()
-            conn.sendall(PAYLOAD)
-            received = 0
-            while received < len(PAYLOAD):
-                received += len(conn.recv(65536))
-            durations.append(time.perf_counter() - started)
-        return durations
-    return block
 
 
 def _throughput(connect, size: int) -> float:

@@ -15,6 +15,7 @@ import pytest
 
 from orchard.core.errors import AuthError, InvalidRequest, PortClosed
 from orchard.sandbox.ports import PortForward, connect_port
+from orchard.testing.conformance.ports import echo_through
 from tests.test_agent import RunningAgent
 
 
@@ -55,17 +56,6 @@ def tcp_agent():
         yield running
 
 
-def _echo(sock: socket.socket, payload: bytes) -> bytes:
-    with sock:
-        sock.settimeout(30)
-        sock.sendall(payload)
-        sock.shutdown(socket.SHUT_WR)
-        received = bytearray()
-        while chunk := sock.recv(65536):
-            received += chunk
-    return bytes(received)
-
-
 def _raw(agent: RunningAgent, head: str) -> tuple[socket.socket, bytes]:
     """Send a raw request head on the agent's Unix socket; (the socket, what came back first)."""
     sock = socket.socket(socket.AF_UNIX)
@@ -84,13 +74,13 @@ def test_a_unix_client_is_handed_the_connected_socket(agent, echo_port):
     sock = connect_port("unix://" + agent.socket_path, agent.token, echo_port)
     assert sock.family == socket.AF_INET  # the port's own connection, no relay in between
     assert sock.getpeername() == ("127.0.0.1", echo_port)
-    assert _echo(sock, b"handed over") == b"handed over"
+    assert echo_through(sock, b"handed over") == b"handed over"
 
 
 def test_a_tcp_client_is_relayed_with_half_close(tcp_agent, echo_port):
     payload = bytes(range(256)) * 8192  # 2 MiB
     sock = connect_port("http://" + tcp_agent.address[len("tcp:"):], tcp_agent.token, echo_port)
-    assert _echo(sock, payload) == payload
+    assert echo_through(sock, payload) == payload
 
 
 def test_the_relay_serves_a_unix_client_that_offers_only_it(agent, echo_port):
@@ -99,13 +89,13 @@ def test_the_relay_serves_a_unix_client_that_offers_only_it(agent, echo_port):
                              "Connection: Upgrade\r\nUpgrade: orchard-tcp\r\n\r\nearly bytes")
     head, _, rest = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 101 ") and b"Upgrade: orchard-tcp" in head
-    assert rest + _echo(sock, b" and late ones") == b"early bytes and late ones"
+    assert rest + echo_through(sock, b" and late ones") == b"early bytes and late ones"
 
 
 def test_forward_port_relays_many_connections_at_once(agent, echo_port):
     with PortForward("unix://" + agent.socket_path, agent.token, echo_port) as forward:
         socks = [socket.create_connection((forward.host, forward.port), timeout=30) for _ in range(20)]
-        assert [_echo(s, b"n%d" % i) for i, s in enumerate(socks)] == [b"n%d" % i for i in range(20)]
+        assert [echo_through(s, b"n%d" % i) for i, s in enumerate(socks)] == [b"n%d" % i for i in range(20)]
     assert repr(forward).endswith("closed)")
 
 
@@ -160,7 +150,7 @@ def test_an_attached_command_talks_over_the_connection(agent):
 
     request = json.dumps({"command": ["sh", "-c", "while read line; do echo \"got $line\"; done; echo bye"]})
     sock = connect_attached("unix://" + agent.socket_path, agent.token, request.encode())
-    assert _echo(sock, b"one\ntwo\n") == b"got one\ngot two\nbye\n"  # stdin closed: it ends, its output stays
+    assert echo_through(sock, b"one\ntwo\n") == b"got one\ngot two\nbye\n"  # stdin closed: it ends, its output stays
 
 
 def test_attach_refusals_say_why(agent):

@@ -18,7 +18,6 @@ Three on-disk formats are read:
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 from pathlib import Path
@@ -30,12 +29,11 @@ from orchard.core.task import SWEBENCH_WORKDIR, SWEBenchInstance, Task, TaskEnvi
 from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite
 from orchard.eval.dialects import holds_task_dirs, load_task_dirs
 from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE
+from orchard.eval.dialects.common import dir_files
 from orchard.eval.load_errors import LOAD_ERROR_KEY
 
 EVAL_DIR_ENV = "ORCHARD_EVAL_DIR"
 REPOS_DIR = "repos"
-# Never part of a task repository (caches and an existing git directory).
-IGNORED_NAMES = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache"})
 BASE_COMMIT_SETUP = ("git init -q && git add -A && "
                      "git -c user.name=orchard -c user.email=orchard@localhost commit -qm base")
 
@@ -156,22 +154,7 @@ def local_swe_task(instance: SWEBenchInstance, repo_dir: Path) -> Task:
 
 def repository_files(repo_dir: Path) -> list[TaskFile]:
     """Every file of the repository (caches left out), as TaskFiles relative to the workdir."""
-    files: list[TaskFile] = []
-    for root, dirs, names in os.walk(repo_dir):
-        dirs[:] = sorted(d for d in dirs if d not in IGNORED_NAMES)
-        for name in sorted(names):
-            if name.endswith(".pyc"):
-                continue
-            path = Path(root, name)
-            data = path.read_bytes()
-            mode = path.stat().st_mode & 0o777
-            try:
-                content, encoding = data.decode("utf-8"), "utf-8"
-            except UnicodeDecodeError:
-                content, encoding = base64.b64encode(data).decode("ascii"), "base64"
-            files.append(TaskFile(path=path.relative_to(repo_dir).as_posix(), content=content, encoding=encoding,
-                                  mode=mode if mode & 0o111 else None))
-    return files
+    return dir_files(repo_dir, "")
 
 
 def _holds_swebench_instances(directory: Path) -> bool:

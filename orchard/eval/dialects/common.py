@@ -21,7 +21,8 @@ from orchard.core.task import TaskFile
 
 TASK_TOML = "task.toml"
 INSTRUCTION_MD = "instruction.md"
-IGNORED_NAMES = frozenset({"__pycache__", ".pytest_cache", ".git"})
+# Never part of a task's files: caches and an existing git directory.
+IGNORED_NAMES = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache"})
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
