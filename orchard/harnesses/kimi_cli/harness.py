@@ -23,11 +23,11 @@ class KimiCliHarness(InSandboxHarness):
     """Kimi-CLI 1.51.0 from its harness bundle, one print-mode turn per task."""
 
     name = "kimi-cli"
-    mcp_tools = True  # its own MCP client, given the task's servers with --mcp-config-file
     version = "1.51.0"  # the bundle's pin (bundle.py)
     bundle = "kimi-cli"
     state_dir = SHARE_DIR
     time_limit_s = 3600.0
+    mcp_tools = True  # its own MCP client, given the task's servers with --mcp-config-file
 
     def __init__(self, step_limit: int = DEFAULT_STEP_LIMIT, max_context_size: int = DEFAULT_CONTEXT_SIZE,
                  timeout_s: float | None = None) -> None:
