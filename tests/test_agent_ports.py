@@ -184,6 +184,21 @@ def test_an_attached_command_is_killed_when_the_client_goes(agent):
     assert not _running(marker)
 
 
+def test_an_attached_command_ends_at_its_timeout_however_quiet_the_client(agent):
+    from orchard.sandbox.ports import connect_attached
+
+    marker = "attached-timeout-%d" % os.getpid()
+    sock = connect_attached("unix://" + agent.socket_path, agent.token,
+                            json.dumps({"command": ["sh", "-c", f"sleep 600; : {marker}"], "timeout": 1}).encode())
+    with sock:
+        sock.settimeout(30)
+        assert sock.recv(1) == b""  # cut off: the command was killed, its stdout ended
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _running(marker):
+        time.sleep(0.05)
+    assert not _running(marker)
+
+
 def _running(marker: str) -> bool:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

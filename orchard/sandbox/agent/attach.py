@@ -47,7 +47,8 @@ def handle_attach(req):
         req.responded = True
         handler.close_connection = True
         client = handler.connection
-        client.settimeout(None)
+        # The attachment's own bound: a client that sends nothing is cut off at its timeout, not waited on.
+        client.settimeout(None if run.deadline is None else max(run.deadline - time.monotonic(), 0.001))
         stderr = bytearray()
         threads = [threading.Thread(target=_drain, args=(proc.stderr, stderr), daemon=True),
                    threading.Thread(target=_to_client, args=(proc.stdout, client), daemon=True)]
@@ -73,7 +74,8 @@ def handle_attach(req):
 
 
 def _to_command(rfile, stdin, deadline):
-    """The client's bytes to the command's stdin until the client half-closes (or goes, or time is up)."""
+    """The client's bytes to the command's stdin until the client half-closes (or goes, or time is up: the
+    connection's timeout ends a read that waits past it)."""
     try:
         while deadline is None or time.monotonic() < deadline:
             data = rfile.read1(65536)
