@@ -236,6 +236,9 @@ class ServiceStart(BaseModel):
     command: str = Field(min_length=1, description="a shell command line, run in the service's state directory")
     env: dict[str, str] = Field(default_factory=dict)
     seed_dir: str | None = Field(default=None, description="copied into the state directory before it starts")
+    port: int | None = Field(default=None, ge=1, le=65535, description="ready once this port listens inside")
+    health_check: str | None = Field(default=None, pattern=r"^/\S*$",
+                                     description="then once a GET of this path on the port answers 2xx")
 
 
 class ServiceStatus(BaseModel):
@@ -248,6 +251,10 @@ class ServiceStatus(BaseModel):
     state_dir: str
     log: str = Field(default="", description="its stdout and stderr, the last 256 KiB")
     log_dropped_bytes: int = 0
+    port: int | None = None
+    health_check: str | None = None
+    ready: bool = Field(default=False, description="its port listened and its health check passed, as last waited for")
+    not_ready: str | None = Field(default=None, description="why it was not ready yet when last checked")
 
 
 class SessionResult(BaseModel):
@@ -407,6 +414,10 @@ class Sandbox(Protocol):
         ...
     async def services(self) -> list[ServiceStatus]:
         """The services started in the sandbox, whether each still runs, and its log."""
+        ...
+    async def wait_services(self, names: list[str] | None = None, *, timeout: float = 30.0) -> list[ServiceStatus]:
+        """Wait until the services named (all for None) are ready, one of them ends, or `timeout` passes;
+        their statuses then (`ready`, `not_ready`, `running`)."""
         ...
     async def exec_as_service(self, command: str | list[str], *, env: dict[str, str] | None = None,
                               timeout: float | None = None) -> ExecResult:

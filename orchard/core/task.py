@@ -51,7 +51,7 @@ class TaskService(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="also its environment variables' name")
     command: str = Field(min_length=1, description="a shell command line, run in the service's state directory")
     port: int | None = Field(default=None, ge=1, le=65535, description="where it listens; waited for")
-    health_check: str | None = Field(default=None, pattern=r"^/", description="an HTTP path that answers 2xx "
+    health_check: str | None = Field(default=None, pattern=r"^/\S*$", description="an HTTP path that answers 2xx "
                                      "once the service is ready (needs `port`)")
     ready_timeout_s: float = Field(default=30, gt=0)
     env: dict[str, str] = Field(default_factory=dict)

@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from orchard.core.deadline import Deadline
-from orchard.core.errors import InvalidRequest, OrchardError, PortClosed
+from orchard.core.errors import InvalidRequest, OrchardError
 from orchard.core.sandbox import Sandbox, ServiceStart, ServiceStatus
 from orchard.core.task import Task, TaskService
 from orchard.harnesses.mcp.install import mcp_env
@@ -18,7 +18,6 @@ from orchard.harnesses.mcp.install import mcp_env
 LOG_TAIL_CHARS = 1500
 SERVICES_DIR = "services"  # OUT/services/<rollout key>/<name>.log
 SERVICE_LOGS = "service_logs"  # Trajectory.extra: name -> its log's path, relative to OUT
-POLL_S = 0.005
 
 
 class ServiceFailed(InvalidRequest):
@@ -44,7 +43,8 @@ async def start_services(sandbox: Sandbox, task: Task) -> None:
             raise ServiceFailed(f"task {task.id}: port {service.port} of service {service.name} is already taken in "
                                 "the sandbox before the services start (by the image or the task's setup)")
     await asyncio.gather(*(sandbox.start_service(ServiceStart(name=s.name, command=s.command, env=s.env,
-                                                              seed_dir=s.seed_dir)) for s in services))
+                                                              seed_dir=s.seed_dir, port=s.port,
+                                                              health_check=s.health_check)) for s in services))
     await _until_ready(sandbox, task, services)
 
 
@@ -78,53 +78,23 @@ async def keep_service_logs(sandbox: Sandbox, task: Task, out_dir: Path | None, 
 
 
 async def _until_ready(sandbox: Sandbox, task: Task, services: list[TaskService]) -> None:
-    """One poll for all of them (each poll asks the agent twice: the services compete with it for the CPU
-    while they start), each service's health check made once its port listens."""
+    """The agent waits inside the sandbox (its port, then its health check, for each); asked again only
+    for a service whose own ready timeout has not passed yet."""
     deadlines = {s.name: Deadline.after(s.ready_timeout_s) for s in services}
     pending = {s.name: s for s in services}
     while pending:
-        statuses = {status.name: status for status in await sandbox.services()}
-        listening = set(await sandbox.listening_ports()) if any(s.port for s in pending.values()) else set()
-        checks = {name: _not_ready(sandbox, service, listening) for name, service in pending.items()}
-        why_not = dict(zip(checks, await asyncio.gather(*checks.values())))
-        for name, service in list(pending.items()):
-            status = statuses[name]
+        wait = max(min(deadlines[name].time_left_s() for name in pending), 0.001)
+        for status in await sandbox.wait_services(list(pending), timeout=wait):
+            service = pending[status.name]
             if not status.running:
-                raise ServiceFailed(f"task {task.id}: service {name} ended before it was ready "
+                raise ServiceFailed(f"task {task.id}: service {status.name} ended before it was ready "
                                     f"({_ending(status)}){_tail(status)}")
-            if why_not[name] is None:
-                del pending[name]
-            elif deadlines[name].expired:
-                raise ServiceFailed(f"task {task.id}: service {name} was not ready within "
-                                    f"{service.ready_timeout_s:g} s ({why_not[name]}){_tail(status)}")
-        if pending:
-            await asyncio.sleep(POLL_S)
-
-
-async def _not_ready(sandbox: Sandbox, service: TaskService, listening: set[int]) -> str | None:
-    """None when ready, else why not yet."""
-    if service.port is None:
-        return None
-    if service.port not in listening:
-        return f"nothing listens on port {service.port}"
-    if service.health_check is None:
-        return None
-    try:
-        reader, writer = await sandbox.open_port(service.port)
-    except PortClosed as exc:
-        return str(exc)
-    try:
-        writer.write(f"GET {service.health_check} HTTP/1.0\r\nHost: 127.0.0.1:{service.port}\r\n\r\n".encode())
-        await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), timeout=10)
-    except (OSError, TimeoutError) as exc:
-        return f"GET {service.health_check} failed: {exc or type(exc).__name__}"
-    finally:
-        writer.close()
-    parts = status_line.split()
-    if len(parts) >= 2 and parts[1][:1] == b"2":
-        return None
-    return f"GET {service.health_check} answered {status_line.decode('latin-1').strip()[:80]!r}"
+            if status.ready:
+                del pending[status.name]
+            elif deadlines[status.name].expired:
+                raise ServiceFailed(f"task {task.id}: service {status.name} was not ready within "
+                                    f"{service.ready_timeout_s:g} s ({status.not_ready or 'not checked yet'})"
+                                    f"{_tail(status)}")
 
 
 def _ending(status: ServiceStatus) -> str:

@@ -39,6 +39,7 @@ _CONNECT_TIMEOUT_S = 10.0
 _WRITE_TIMEOUT_S = 60.0
 _READ_TIMEOUT_S = 120.0  # files, stat, sessions without a timeout of their own
 PORT_STREAM_LIMIT = 1 << 20  # an asyncio reader's buffer (readline/readuntil) on a port's stream
+SERVICES_WAIT_MAX_S = 60.0  # the agent answers a services wait within a minute (services_ready.MAX_WAIT_S)
 _TIMEOUT_MARGIN_S = 30.0  # on top of a command's own timeout: the agent kills and answers within it
 # Caps on what a sandbox can make this process hold or write (a sandbox is untrusted: a 3 GB sparse file
 # costs it nothing). Callers raise them per call with `max_bytes`.
@@ -204,6 +205,20 @@ class AgentSandbox:
     async def services(self) -> list[ServiceStatus]:
         found = json.loads((await self._call("GET", "/services")).content)["services"]
         return [ServiceStatus.model_validate(s) for s in found]
+
+    async def wait_services(self, names: list[str] | None = None, *, timeout: float = 30.0) -> list[ServiceStatus]:
+        """Wait until the services named (all for None) are ready (each started with a `port` and maybe a
+        `health_check`), one of them ends, or `timeout` seconds pass; their statuses then. The agent checks
+        inside the sandbox (its `POST /services/wait`, at most a minute per request), so this asks it once
+        a minute rather than polling."""
+        deadline = Deadline.after(timeout)
+        while True:
+            wait = min(max(deadline.time_left_s(), 0.001), SERVICES_WAIT_MAX_S)
+            resp = await self._call("POST", "/services/wait", json_body={"names": names, "timeout": wait},
+                                    timeout=_command_timeout(wait))
+            found = [ServiceStatus.model_validate(s) for s in json.loads(resp.content)["services"]]
+            if deadline.expired or all(s.ready for s in found) or not all(s.running for s in found):
+                return found
 
     async def exec_as_service(self, command: str | list[str], *, env: dict[str, str] | None = None,
                               timeout: float | None = None, max_output_bytes: int | None = None) -> ExecResult:

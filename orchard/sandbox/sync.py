@@ -204,6 +204,9 @@ class SyncSandbox(_ClosedOnExit):
     def services(self) -> list[ServiceStatus]:
         return self._loop.run(self.async_sandbox.services())
 
+    def wait_services(self, names: list[str] | None = None, *, timeout: float = 30.0) -> list[ServiceStatus]:
+        return self._loop.run(self.async_sandbox.wait_services(names, timeout=timeout))
+
     def exec_as_service(self, command: str | list[str], *, env: dict[str, str] | None = None,
                         timeout: float | None = None) -> ExecResult:
         return self._loop.run(self.async_sandbox.exec_as_service(command, env=env, timeout=timeout))

@@ -173,6 +173,12 @@ class MemorySandbox:
         self._record("services")
         return []
 
+    async def wait_services(self, names=None, *, timeout=30.0) -> list:
+        self._record("wait_services", names=names)
+        if names:
+            raise InvalidRequest(f"the in-memory sandbox {self.id} runs nothing, so it runs no service")
+        return []
+
     async def exec_as_service(self, command, *, env=None, timeout=None):
         self._record("exec_as_service", command=command)
         raise InvalidRequest(f"the in-memory sandbox {self.id} runs nothing, so it runs no service")

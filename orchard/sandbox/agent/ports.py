@@ -84,10 +84,10 @@ def handle_list(req) -> dict:
     """`GET /ports`: the TCP ports listening in the sandbox's network namespace that `GET /ports/<port>`
     can reach (bound to a loopback or to every address), asked of the kernel (the agent's own namespace's),
     so a client can wait for a server without connecting to it."""
-    return {"listening": sorted(_listening())}
+    return {"listening": sorted(listening())}
 
 
-def _listening() -> set:
+def listening() -> set:
     if os.environ.get(HOST_NETWORK_ENV) == "1":
         return set()  # the host's, not the sandbox's: none can be opened
     try:

@@ -17,7 +17,7 @@ import threading
 import time
 
 from . import VERSION, attach, claim, execs, files, http1, pidns, ports, services, sessions, stats, tars
-from . import workload_cgroup
+from . import services_ready, workload_cgroup
 from .wire import ApiError, Request, log_error, unquote
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # the writable layer (disk_mb) or a quota is used up
@@ -72,6 +72,7 @@ EXACT_ROUTES = {
     ("GET", "/services"): services.handle_list,
     ("POST", "/services"): services.handle_start,
     ("POST", "/services/exec"): services.handle_exec,
+    ("POST", "/services/wait"): services_ready.handle_wait,
     ("PUT", "/tar"): tars.handle_upload,
 }
 PATTERN_ROUTES = [

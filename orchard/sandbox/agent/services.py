@@ -12,7 +12,8 @@ directory (the local backend as root, for a spec with `services`), can give that
 `POST /services` is refused rather than weakened.
 
 A service's stdout and stderr are kept by the agent (the last LOG_MAX bytes) and returned by `GET /services`
-with whether it still runs. `POST /services/exec` runs one command like `POST /exec`, but as the services'
+with whether it still runs. A service may declare how to tell it is ready (a port, a health check);
+`POST /services/wait` (services_ready.py) waits for that. `POST /services/exec` runs one command like `POST /exec`, but as the services'
 user in the agent's namespace: a grader's check reads their state and talks to them there."""
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ LOG_MAX = 256 << 10
 LOG_DRAIN_S = 1.0
 MAX_SERVICES = 32
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-SERVICE_FIELDS = ("name", "command", "env", "seed_dir")
+SERVICE_FIELDS = ("name", "command", "env", "seed_dir", "port", "health_check")
 # The service's first step, as its own user: its state directory (refusing one someone else made), the
 # seed copied in, then the command itself, in that directory.
 START = r"""
@@ -51,9 +52,13 @@ _lock = threading.Lock()
 
 
 class Service:
-    def __init__(self, name: str, proc: subprocess.Popen):
+    def __init__(self, name: str, proc: subprocess.Popen, port=None, health_check=None):
         self.name = name
         self.proc = proc
+        self.port = port
+        self.health_check = health_check
+        self.ready = False  # set once by services_ready.py, and kept
+        self.not_ready = None  # why not yet, as last seen
         self.started = time.time()
         self.log = bytearray()
         self.dropped = 0
@@ -88,7 +93,8 @@ class Service:
         return {"name": self.name, "pid": self.proc.pid, "running": code is None,
                 "exit_code": None if code is None else (code if code >= 0 else 128 - code),
                 "state_dir": state_dir(self.name), "log": log.decode("utf-8", "replace"),
-                "log_dropped_bytes": dropped}
+                "log_dropped_bytes": dropped, "port": self.port, "health_check": self.health_check,
+                "ready": self.ready, "not_ready": None if self.ready else self.not_ready}
 
 
 def state_dir(name: str) -> str:
@@ -129,6 +135,7 @@ def handle_start(req) -> dict:
     if not command or not command.strip():
         raise bad_request("service %s needs a command (a shell command line)" % name)
     seed = fields.optional_str(body, "seed_dir")
+    port, health_check = _readiness(body, name)
     child = _child()
     env = dict(req.context.env)
     env.update(fields.str_dict(body, "env"))
@@ -144,8 +151,31 @@ def handle_start(req) -> dict:
         proc = subprocess.Popen(["/bin/sh", "-c", START], cwd="/", env=env, start_new_session=True,
                                 close_fds=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, **child)
-        _services[name] = service = Service(name, proc)
+        _services[name] = service = Service(name, proc, port, health_check)
     return service.status()
+
+
+def _readiness(body: dict, name: str):
+    port = body.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        raise bad_request("service %s: port must be a TCP port number (1-65535), not %r" % (name, port))
+    health_check = fields.optional_str(body, "health_check")
+    if health_check is not None and (port is None or not health_check.startswith("/")
+                                     or any(c.isspace() for c in health_check)):
+        raise bad_request("service %s: health_check must be a URL path starting with '/' (no spaces), and needs "
+                          "a port, not %r" % (name, health_check))
+    return port, health_check
+
+
+def chosen(names) -> list:
+    """The services named (all of them for None), in the order asked; 400 for a name not started."""
+    with _lock:
+        if names is None:
+            return list(_services.values())
+        missing = [n for n in names if n not in _services]
+        if missing:
+            raise bad_request("no service named %s was started in this sandbox" % ", ".join(map(repr, missing)))
+        return [_services[n] for n in names]
 
 
 def handle_list(req) -> dict:

@@ -17,6 +17,18 @@ from orchard.testing.conformance._rig import ConformanceRig, wait_until
 
 # A service that keeps a secret in its state and runs until killed.
 KEEPER = "echo 'the state' > data.txt; echo started; while :; do sleep 1; done"
+# A one-file HTTP server answering every GET with the status given as argv[2], on the port in argv[1].
+ANSWERING = """
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(int(sys.argv[2]))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
 
 
 class ServiceChecks(ConformanceRig):
@@ -55,6 +67,29 @@ class ServiceChecks(ConformanceRig):
     def test_bad_services_are_refused(self, serving):
         with pytest.raises(InvalidRequest, match="started already"):
             serving.start_service(ServiceStart(name="keeper", command="true"))
+        with pytest.raises(InvalidRequest, match="no service named 'nobody'"):
+            serving.wait_services(["nobody"], timeout=1)
+
+    def test_waiting_for_services_to_be_ready(self, serving):
+        """The agent waits for each port and then its health check: a healthy service is ready, one
+        whose check answers 500 or that never listens is not (saying why), at the timeout."""
+        serving.write_file("/tmp/answering.py", ANSWERING)
+        for name, port, status in (("healthy", 8301, 200), ("failing", 8302, 500)):
+            serving.start_service(ServiceStart(name=name, command=f"exec python3 /tmp/answering.py {port} {status}",
+                                               port=port, health_check="/health"))
+        serving.start_service(ServiceStart(name="deaf", command="exec sleep 600", port=8303))
+        (healthy,) = serving.wait_services(["healthy"], timeout=30)
+        assert healthy.ready and healthy.running and healthy.not_ready is None, healthy
+        waited = {s.name: s for s in serving.wait_services(["healthy", "failing", "deaf"], timeout=3)}
+        assert waited["healthy"].ready
+        assert not waited["failing"].ready and "GET /health answered" in waited["failing"].not_ready
+        assert "500" in waited["failing"].not_ready
+        assert not waited["deaf"].ready and waited["deaf"].not_ready == "nothing listens on port 8303"
+
+    def test_a_wait_ends_when_a_service_ends(self, serving):
+        serving.start_service(ServiceStart(name="crashing", command="echo no config; exit 2", port=8304))
+        (crashed,) = serving.wait_services(["crashing"], timeout=60)  # answered at its end, not the timeout
+        assert not crashed.running and not crashed.ready and crashed.exit_code == 2
 
     def test_services_need_a_spec_that_asks_for_them(self, orchestrator, sandbox):
         with pytest.raises(InvalidRequest, match="services"):
