@@ -155,6 +155,18 @@ async def test_a_harness_past_the_task_timeout_is_an_error_and_its_sandbox_is_de
     assert row.status == "error" and "ran past the task timeout of 1 s" in row.error
 
 
+async def test_a_tasks_own_agent_timeout_applies_when_lower_than_the_runs(home, tmp_path, scripted):
+    """Harbor's `[agent] timeout_sec` becomes `Task.agent_timeout_s`: the run's own limit is the default."""
+    scripted.load([{"content": "thinking...", "delay_s": 2.5}], loop=True)
+    task = Task(id="short-leash", instruction="Think.", environment=TaskEnvironment(image="host", workdir="/workspace"),
+                grader=ScriptGrader(script="true"), agent_timeout_s=1)
+    results = await returns(evaluate(home, tmp_path / "run", model=SCRIPTED, config=scripted_config(scripted),
+                                     tasks=None, suite=TaskSuite(name="leash", tasks=[task])),
+                            "a run whose harness never finishes")
+    (row,) = results.tasks
+    assert row.status == "error" and "ran past the task timeout of 1 s" in row.error, row.error
+
+
 async def test_resume_skips_finished_tasks_and_retries_errors(home, tmp_path, scripted):
     out = tmp_path / "run"
     down = GatewayConfig(models={SCRIPTED: ModelRoute(model="openai/scripted", api_key="unused",

@@ -242,6 +242,9 @@ class Task(_Strict):
     instruction: str
     environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
     grader: GraderSpec | None = Field(default=None, description="None: not graded (e.g. data collection)")
+    agent_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                          description="the task's own limit on the agent's run (Harbor's [agent] "
+                                          "timeout_sec); the run's limit (`agent_s`) applies too, the lower wins")
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("id")

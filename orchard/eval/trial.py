@@ -255,7 +255,7 @@ class Trial:
                 trajectory = self._partial("agent_error", f"harness crashed: TimeoutError: {exc}")
             else:
                 trajectory = self._partial("timeout", f"timeout: the agent ran past the task timeout of {budget:g} s"
-                                                      + ("" if budget == self.rig.timeouts.agent_s
+                                                      + ("" if budget == self._agent_limit()
                                                          else " (what was left of the trial's deadline)"))
         except ModelError as exc:
             trajectory = self._partial("model_error", f"{exc.code}: {exc}")
@@ -388,12 +388,16 @@ class Trial:
         """The TTL of a sandbox needed for `needed_s` more (at most what is left of the trial), with a margin."""
         return max(0.0, min(needed_s, self.deadline.time_left_s())) + SANDBOX_TTL_MARGIN_S
 
+    def _agent_limit(self) -> float:
+        """The run's limit on the agent, or the task's own where lower."""
+        return min(self.rig.timeouts.agent_s, self.task.agent_timeout_s or self.rig.timeouts.agent_s)
+
     def _agent_budget(self) -> float:
         """The agent's limit, leaving the trial time to take and grade the patch when it can."""
         left = self.deadline.time_left_s()
         reserve = self.rig.timeouts.patch_s + self.rig.timeouts.verify_s
         budget = left - reserve if left - reserve > 0 else left
-        return max(0.0, min(self.rig.timeouts.agent_s, budget))
+        return max(0.0, min(self._agent_limit(), budget))
 
     def _rollout_hooks(self) -> RolloutHooks | None:
         """The rollout hooks of the policy the run's model reaches through the gateway (one of Orchard's own

@@ -108,5 +108,5 @@ def harbor_task(directory: Path) -> Task:
     network = NetworkPolicy(mode="open" if environment.allow_internet else "none")
     return Task(id=directory.name, instruction=instruction,
                 environment=TaskEnvironment(image=image, workdir=workdir, env=dict(environment.env), network=network),
-                grader=grader, metadata={"dialect": "harbor", "harbor": config.metadata,
-                                         "agent_timeout_s": config.agent.timeout_sec, **metadata})
+                grader=grader, agent_timeout_s=config.agent.timeout_sec,
+                metadata={"dialect": "harbor", "harbor": config.metadata, **metadata})
