@@ -73,3 +73,24 @@ def test_orchard_eval_runs_the_plugin_on_a_task(installed, tmp_path):
         assert not asyncio.run(live_sandbox_ids(home))
     finally:
         remove_live_sandboxes(home)
+
+
+# What a plug-in author runs for their harness (docs/harness-conformance.md): here only the deadline area.
+CONFORMANCE = '''
+from orchard.testing.harness_conformance import HarnessConformance
+
+
+class TestHello(HarnessConformance):
+    harness = "hello"
+'''
+
+
+@pytest.mark.slow
+def test_the_plugin_stops_before_the_deadline_as_the_conformance_suite_asks(installed, tmp_path):
+    (tmp_path / "test_hello_conformance.py").write_text(CONFORMANCE)
+    home = tmp_path / "home"
+    home.mkdir()
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "deadline",
+                          str(tmp_path / "test_hello_conformance.py")], capture_output=True, text=True, timeout=280,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(installed), "ORCHARD_HOME": str(home)})
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-2000:]

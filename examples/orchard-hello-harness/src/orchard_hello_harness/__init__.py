@@ -4,12 +4,16 @@ Each turn sends the conversation to the model (through `model.base_url`, the Orc
 `model.headers()`, which carry the rollout key), runs each `bash` call in the sandbox's workdir and sends the
 output back, and stops at `submit` or after `max_steps` model calls. It returns the trajectory ungraded:
 grading is the evaluator's job. A failed model call or sandbox ends the run with `Outcome(error=...)`, which
-the evaluator records as an error rather than a failed attempt. Each agent step keeps the response's id in
+the evaluator records as an error rather than a failed attempt. It stops a margin before the evaluator's
+deadline (`model.deadline`, through `run_limit_s`) and returns what it has, with exit status `time_limit`,
+rather than being cut off there with nothing. Each agent step keeps the response's id in
 `extra["response_id"]`, which the evaluator links to the gateway's record of that call (tokens, logprobs)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -19,6 +23,7 @@ from orchard.core.harness import ModelConfig
 from orchard.core.sandbox import Sandbox
 from orchard.core.task import Task
 from orchard.core.trajectory import Agent, Observation, ObservationResult, Outcome, Step, ToolCall, Trajectory
+from orchard.harnesses.deadline import run_limit_s
 
 TOOLS = [
     {"type": "function", "function": {
@@ -55,12 +60,22 @@ class HelloHarness:
         if model.api_key is not None:
             headers["Authorization"] = f"Bearer {model.api_key.get_secret_value()}"
         trajectory.exit_status = "step_limit"
+        limit = run_limit_s(model)  # the deadline less a margin; None: no deadline
+        stop_at = None if limit is None else time.monotonic() + limit
         async with httpx.AsyncClient(base_url=model.base_url or "", headers=headers, timeout=model.timeout_s) as http:
             try:
                 for _ in range(self.max_steps):
-                    reply = await self._complete(http, model, messages)
+                    try:
+                        if _left(stop_at) == 0:
+                            raise TimeoutError
+                        async with asyncio.timeout(_left(stop_at)):  # a model call may not outlast our stop
+                            reply = await self._complete(http, model, messages)
+                    except TimeoutError:  # our own stop, before the deadline: the steps so far are kept
+                        trajectory.exit_status = "time_limit"
+                        trajectory.notes = "stopped itself before the evaluator's deadline"
+                        break
                     messages.append(reply)
-                    if await self._act(reply, sandbox, workdir, messages, trajectory):
+                    if await self._act(reply, sandbox, workdir, messages, trajectory, stop_at):
                         trajectory.exit_status = "submitted"
                         break
             except ModelError as exc:  # the model failed: an error, not a failed attempt
@@ -86,7 +101,7 @@ class HelloHarness:
         return message
 
     async def _act(self, reply: dict[str, Any], sandbox: Sandbox, workdir: str, messages: list[dict[str, Any]],
-                   trajectory: Trajectory) -> bool:
+                   trajectory: Trajectory, stop_at: float | None) -> bool:
         """Run the reply's tool calls and record the step; True when the agent submitted."""
         response_id = reply.pop("_response_id", None)
         calls, results, submitted = [], [], False
@@ -100,8 +115,11 @@ class HelloHarness:
                 output = f"the arguments of {name} are not a JSON object: {raw[:200]}"
             elif name == "submit":
                 output, submitted = "submitted", True
+            elif name == "bash" and _left(stop_at) == 0:
+                output = "not run: out of time"
             elif name == "bash":
-                result = await sandbox.exec(arguments.get("command", ""), cwd=workdir, timeout=self.command_timeout_s)
+                timeout = min(self.command_timeout_s, _left(stop_at) or self.command_timeout_s)
+                result = await sandbox.exec(arguments.get("command", ""), cwd=workdir, timeout=timeout)
                 output = f"exit code {result.exit_code}\n{result.output[-MAX_OUTPUT_CHARS:]}"
             else:
                 output = f"unknown tool {name!r}; use bash or submit"
@@ -115,6 +133,11 @@ class HelloHarness:
             observation=Observation(results=results) if results else None,
             extra={"response_id": response_id} if response_id else {}))
         return submitted
+
+
+def _left(stop_at: float | None) -> float | None:
+    """Seconds until our own stop (0 once passed), None without a deadline."""
+    return None if stop_at is None else max(0.0, stop_at - time.monotonic())
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
