@@ -59,8 +59,9 @@ tour: $(STAMP)
 clean-demo:
 	rm -rf $(DEMO_OUT)
 
+# The k8s tests (waiting on the cluster, most of their time) run beside the rest: scripts/test.sh.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=30
+	PYTHON=$(BIN)/python bash scripts/test.sh
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow"

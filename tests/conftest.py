@@ -1,5 +1,6 @@
 """Fixtures shared by test modules."""
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -74,8 +75,10 @@ def agent_image(kubeconfig) -> str:
 @pytest.fixture(scope="session")
 def session_bundles(tmp_path_factory) -> SessionBundles:
     """The one harness-bundle cache of this test session: each bundle is built into it at most once, and
-    every harness test module's Orchard home links its `cache` to it (tests/harness_bundle_rig.py)."""
-    return SessionBundles(tmp_path_factory.mktemp("harness-bundles"))
+    every harness test module's Orchard home links its `cache` to it (tests/harness_bundle_rig.py).
+    `ORCHARD_TEST_BUNDLE_CACHE` names one that sessions running side by side share (scripts/test.sh)."""
+    shared = os.environ.get("ORCHARD_TEST_BUNDLE_CACHE")
+    return SessionBundles(Path(shared) if shared else tmp_path_factory.mktemp("harness-bundles"))
 
 
 @pytest.fixture
