@@ -11,8 +11,8 @@ import json
 import pytest
 from zeroclaw_rig import orchard, scripted_model, trajectories
 
-from orchard.core.actions import Create, Edits, Insert, Replace, Shell, Submit, UnreplayableCall, \
-    UntranslatableCall, View
+from orchard.core.actions import (Create, Edits, Insert, Replace, Shell, Submit, UnreplayableCall,
+                                  UntranslatableCall, View)
 from orchard.core.dialect import Observed, dialect_harnesses, harness_dialect
 from orchard.core.trajectory import Agent, Observation, ObservationResult, Step, ToolCall, Trajectory
 from orchard.eval.suites import load_suite

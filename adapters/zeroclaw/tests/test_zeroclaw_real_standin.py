@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from zeroclaw_rig import STANDIN, home_with_cache, host_processes, orchard, results, scripted_model, task, \
-    trajectories, write_suite
+from zeroclaw_rig import (STANDIN, home_with_cache, host_processes, orchard, results, scripted_model, task,
+                          trajectories, write_suite)
 
 from orchard.core.atif import to_atif
 from orchard.core.chat import to_chat_messages
