@@ -10,7 +10,8 @@ import pytest
 from orchard.sandbox.client import AsyncOrchard
 from orchard.testing.memory_sandbox import MemorySandbox
 from orchard_zeroclaw.profile.config import ProfileConfig
-from orchard_zeroclaw.profile.tools import (MEMORY_PATH, ProfileTools, SandboxCallFailed, glob_regex,
+from orchard_zeroclaw.profile.text import glob_regex
+from orchard_zeroclaw.profile.tools import (MEMORY_PATH, ProfileTools, SandboxCallFailed,
                                             truncate_tool_result)
 
 WORKDIR = "/workspace"

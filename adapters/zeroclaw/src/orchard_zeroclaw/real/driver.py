@@ -17,7 +17,8 @@ harness bundle's Python, whatever the task image has). Given its run file (run.j
    relay and writes result.json: how it ended, why, the version, the gateway's exit code and log tail, the
    command lines it stopped besides the gateway and those left running (none).
 
-It never exits without result.json unless it is killed outright."""
+It never exits without result.json unless it is killed outright. It is one file on purpose: the adapter copies
+it into the sandbox as it is, beside nothing else of this distribution."""
 
 import base64
 import ctypes
