@@ -183,7 +183,7 @@ def test_the_real_binarys_options(monkeypatch):
     monkeypatch.setenv("ZEROCLAW_BIN", str(STANDIN))
     assert get_harness("zeroclaw").runs_real_binary and not get_harness("zeroclaw", binary="").runs_real_binary
     for options, words in (({"approval": "maybe"}, "approval must be one of approve, always, deny"),
-                           ({"subagent_step_limit": 3}, r"does not take the profile's option\(s\) subagent_step_limit"),
+                           ({"delegate_step_limit": 3}, r"does not take the profile's option\(s\) delegate_step_limit"),
                            ({"bundle": "no-such-bundle", "binary": ""}, "no-such-bundle")):
         with pytest.raises(InvalidRequest, match=words):
             get_harness("zeroclaw", **options)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A STAND-IN for the ZeroClaw binary, for the tests of the adapter's real-binary path: ZeroClaw itself (Rust,
-1267 crates) cannot be built or fetched on these machines (shared/notes/claw.md). It is not ZeroClaw. It
-speaks ZeroClaw 0.8.4's gateway as its sources and the PyPI client `zeroclaw-api-client` document it, with a
-small agent loop of its own behind it, so the adapter's driver, config, frame reading and ending rules run
-against a real process and a real WebSocket:
+1267 crates, against Debian's rustc 1.63 and no crates.io) cannot be built or fetched on these machines. It
+is not ZeroClaw. It speaks ZeroClaw 0.8.4's gateway as its sources and the PyPI client `zeroclaw-api-client`
+document it, with a small agent loop of its own behind it, so the adapter's driver, config, frame reading and
+ending rules run against a real process and a real WebSocket:
 
     zeroclaw --version                                   "zeroclaw-standin 0.8.4 (...)"
     zeroclaw gateway start --host H --port P             reads $ZEROCLAW_CONFIG_DIR/config.toml

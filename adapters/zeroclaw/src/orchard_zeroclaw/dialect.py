@@ -49,7 +49,7 @@ class ZeroClawDialect:
 
     def __init__(self, config: ProfileConfig, *, version: str) -> None:
         self.config, self.version = config, version
-        self.tool_definitions = main_tools(config.subagents)
+        self.tool_definitions = main_tools(config.agents)
 
     # --- its tools ------------------------------------------------------------------------------------
 
@@ -136,7 +136,7 @@ class ZeroClawReplay:
         self.config, self.workdir = config, workdir
         offered = set(tool_names(trajectory.agent.tool_definitions)) if trajectory.agent.tool_definitions else set()
         self.unknown_ok = offered  # a name the harness never offered was answered `Unknown tool`: no effect
-        subagents = {sub.trajectory_id: sub for sub in trajectory.subagent_trajectories}
+        embedded = {sub.trajectory_id: sub for sub in trajectory.subagent_trajectories}
         self.delegated: dict[str, tuple[list[ToolCall], str]] = {}
         for step in _own_steps(trajectory):
             results = {r.source_call_id: r for r in (step.observation.results if step.observation else [])}
@@ -145,7 +145,7 @@ class ZeroClawReplay:
                 if call.function_name == "delegate":
                     result = results.get(call.tool_call_id)
                     refs = [ref.trajectory_id for ref in (result.subagent_trajectory_ref if result else [])]
-                    sub = subagents.get(refs[0]) if refs else None
+                    sub = embedded.get(refs[0]) if refs else None
                     if result is not None and sub is None and not observation_text(result).startswith(ERROR_PREFIX):
                         raise UnreplayableCall(f"{where}: its sub-agent's trajectory is not in the rollout")
                     calls = [c for s in _own_steps(sub) for c in s.tool_calls] if sub is not None else []

@@ -68,14 +68,14 @@ class Run:
         self.started = time.monotonic()
         self.margin_s = deadline_margin_s(model.time_left_s() or 0.0)
         self.client: ChatClient | None = None
-        self.subagents: list[Trajectory] = []
+        self.delegated_runs: list[Trajectory] = []
         self.main: Trajectory | None = None  # the main agent's, once it runs
 
     # --- the run --------------------------------------------------------------------------------------
 
     async def run(self) -> Trajectory:
         self.client = ChatClient(self.model)  # before anything runs: a config without base_url is a usage error
-        tools = main_tools(self.config.subagents)
+        tools = main_tools(self.config.agents)
         main = StepsBuilder(self._agent(self.name, tools), task_id=self.task.id, rollout_key=self.model.rollout_key)
         self.main = main.trajectory
         status, error, limit = "", None, self.config.step_limit
@@ -88,7 +88,7 @@ class Run:
             tools += self.mcp.definitions
             main.trajectory.agent.tool_definitions = tools
             end = await self.loop(main, system_prompt(self.workdir), self.task.instruction, tools, limit,
-                                  can_delegate=bool(self.config.subagents))
+                                  can_delegate=bool(self.config.agents))
             status = end.exit_status
         except RunEnded as ended:
             status, error = ended.exit_status, ended.error
@@ -164,8 +164,8 @@ class Run:
         cannot delegate: ZeroClaw's depth 1) and its reply is the result. An error of the model or the sandbox
         ends the whole run, as it would the main agent's."""
         agent, prompt = arguments.get("agent"), arguments.get("prompt")
-        if not isinstance(agent, str) or agent not in self.config.subagents:
-            known = ", ".join(sorted(self.config.subagents))
+        if not isinstance(agent, str) or agent not in self.config.agents:
+            known = ", ".join(sorted(self.config.agents))
             return ToolAnswer(f"Error: Unknown agent '{agent}'. Available agents: {known}", ok=False), None
         if not isinstance(prompt, str) or not prompt.strip():
             return ToolAnswer("Error executing delegate: Missing 'prompt' parameter", ok=False), None
@@ -177,14 +177,14 @@ class Run:
                                rollout_key=self.model.rollout_key, images_into=self.main)
         builder.trajectory.trajectory_id = builder.trajectory.session_id = trajectory_id
         builder.trajectory.extra["parent_tool_call_id"] = call_id
-        limit = self.config.subagent_step_limit
+        limit = self.config.delegate_step_limit
         try:
             end = await self.loop(builder, system_prompt(self.workdir, role=subagent_role(
-                agent, self.config.subagents[agent])), message, tools, limit)
+                agent, self.config.agents[agent])), message, tools, limit)
         except RunEnded as ended:
-            self.subagents.append(self._finish(builder, ended.exit_status, ended.error, limit))
+            self.delegated_runs.append(self._finish(builder, ended.exit_status, ended.error, limit))
             raise
-        self.subagents.append(self._finish(builder, end.exit_status, None, limit))
+        self.delegated_runs.append(self._finish(builder, end.exit_status, None, limit))
         if end.exit_status != "submitted":
             return ToolAnswer(f"Error: Agent '{agent}' reached its limit of {limit} tool iterations without an "
                               "answer", ok=False), trajectory_id
@@ -217,5 +217,5 @@ class Run:
             trajectory.outcome = Outcome(error=error)
             trajectory.notes = error
         if builder.trajectory.trajectory_id is None:  # the main agent's: the delegated runs under it
-            trajectory.subagent_trajectories = list(self.subagents)
+            trajectory.subagent_trajectories = list(self.delegated_runs)
         return builder.finish(wall_time_s=time.monotonic() - self.started)

@@ -9,7 +9,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-DEFAULT_SUBAGENTS = {"worker": "a general-purpose agent with the same tools (it cannot delegate further)"}
+DEFAULT_AGENTS = {"worker": "a general-purpose agent with the same tools (it cannot delegate further)"}
 AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 
 
@@ -25,14 +25,14 @@ class ProfileConfig(BaseModel):
     shell_timeout_s: float = Field(default=60, gt=0, description="per shell command (ZeroClaw's shell_timeout_secs)")
     max_tool_result_chars: int = Field(default=50_000, ge=200, description="longer results keep head and tail")
     workspace_only: bool = Field(default=True, description="file tools refuse paths outside the task's workdir")
-    subagents: dict[str, str] = Field(
-        default_factory=lambda: dict(DEFAULT_SUBAGENTS),
+    agents: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_AGENTS),
         description="the agents `delegate` can reach: name -> what it is for (they run with the same model)")
-    subagent_step_limit: int = Field(default=20, gt=0, description="model calls of one delegated run at most")
+    delegate_step_limit: int = Field(default=20, gt=0, description="model calls of one delegated run at most")
     request_params: dict = Field(default_factory=dict,
                                  description="extra chat-completions fields (the model config's sampling wins)")
 
-    @field_validator("subagents")
+    @field_validator("agents")
     @classmethod
     def _agent_names(cls, agents: dict[str, str]) -> dict[str, str]:
         for name in agents:

@@ -163,10 +163,10 @@ class _Reader:
             elif final:
                 self._step(Step(step_id=1, source="agent", model_name=self.agent.model_name, message=final))
         self._link()
-        subagents = self._subagents(delegations, owner)
+        delegated = self._delegated_runs(delegations, owner)
         self._others()
         agent = self.agent.model_copy(update={"tool_definitions": tools})
-        trajectory = Trajectory(agent=agent, steps=self.steps, subagent_trajectories=subagents, extra=self.extra,
+        trajectory = Trajectory(agent=agent, steps=self.steps, subagent_trajectories=delegated, extra=self.extra,
                                 exit_status="submitted" if done is not None else None)
         session = self.extra.get("zeroclaw_session") or {}
         if session.get("session_id"):
@@ -257,7 +257,7 @@ class _Reader:
             _annotate(step, main[found])
             position = found + 1
 
-    def _subagents(self, delegations: list[tuple[str, str, str]], owner: dict[str, Step]) -> list[Trajectory]:
+    def _delegated_runs(self, delegations: list[tuple[str, str, str]], owner: dict[str, Step]) -> list[Trajectory]:
         """The conversations a sub-agent tool started: those whose first call came after the main call that
         asked for it and before the main conversation's next call (ZeroClaw waits for the tool), by start
         order, which no timing of the frames can shuffle. Several sub-agent calls in one answer share that
