@@ -61,7 +61,7 @@ tour: $(STAMP)
 clean-demo:
 	rm -rf $(DEMO_OUT)
 
-# The k8s tests (waiting on the cluster, most of their time) run beside the rest: scripts/test.sh.
+# Two lanes side by side (the k8s tests mostly wait on the cluster): scripts/test.sh.
 test: $(STAMP)
 	PYTHON=$(BIN)/python bash scripts/test.sh
 

@@ -1,31 +1,37 @@
 #!/usr/bin/env bash
-# `make test`: the whole test suite, as two pytest processes side by side. The `k8s` tests spend most of
-# their time waiting on the cluster (pods starting, images importing), so they run beside the rest rather
-# than after it; without a cluster they skip at once. Both share one harness-bundle cache (bundles are
-# built under a lock per key, so each is built once). The k8s run's output follows the rest's; the exit
-# status is non-zero when either failed. Ctrl-C or a kill stops both.
+# `make test`: the whole test suite in two lanes side by side, each a pytest run or two after another.
+# The `k8s` tests spend most of their time waiting on the cluster (pods starting, images importing), so
+# the second lane runs them and then the training recipes and the ZeroClaw adapter's tests, while the first
+# runs the rest; without a cluster the k8s tests skip at once. Both lanes share one harness-bundle cache
+# (bundles are built under a lock per key, so each is built once). The second lane's output follows the
+# first's; the exit status is non-zero when any run failed. Ctrl-C or a kill stops both.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/orchard-test.XXXXXX")
-k8s_pid=""
+lane_pid=""
 cleanup() {
-  if [ -n "$k8s_pid" ] && kill -0 "$k8s_pid" 2>/dev/null; then
-    kill -INT "$k8s_pid" 2>/dev/null; wait "$k8s_pid" 2>/dev/null
+  if [ -n "$lane_pid" ] && kill -0 "$lane_pid" 2>/dev/null; then
+    pkill -INT -P "$lane_pid" 2>/dev/null; wait "$lane_pid" 2>/dev/null
   fi
   rm -rf "$scratch"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 export ORCHARD_TEST_BUNDLE_CACHE="$scratch/bundles"
-"$PYTHON" -m pytest -q -ra -m k8s -p no:cacheprovider --durations=10 > "$scratch/k8s.log" 2>&1 &
-k8s_pid=$!
-"$PYTHON" -m pytest -q -ra -m "not k8s" --durations=30
-rest=$?
-wait "$k8s_pid"
-k8s=$?
-k8s_pid=""
-echo "=== the k8s tests (run beside the rest above) ==="
-cat "$scratch/k8s.log"
-echo "=== not k8s: exit status $rest; k8s: exit status $k8s ==="
-[ "$rest" -eq 0 ] && [ "$k8s" -eq 0 ]
+pytest() { "$PYTHON" -m pytest -q -ra -p no:cacheprovider "$@"; }
+(
+  pytest -m k8s --durations=10 tests; k8s=$?
+  pytest -m "not k8s" --durations=10 tests/recipes adapters/zeroclaw/tests; rest=$?
+  [ "$k8s" -eq 0 ] && [ "$rest" -eq 0 ]
+) > "$scratch/second-lane.log" 2>&1 &
+lane_pid=$!
+pytest -m "not k8s" --durations=30 --ignore=tests/recipes tests
+first=$?
+wait "$lane_pid"
+second=$?
+lane_pid=""
+echo "=== the second lane (k8s tests, training recipes, the ZeroClaw adapter), run beside the first ==="
+cat "$scratch/second-lane.log"
+echo "=== first lane: exit status $first; second lane: exit status $second ==="
+[ "$first" -eq 0 ] && [ "$second" -eq 0 ]
