@@ -23,6 +23,8 @@ from bench import sft_throughput
 from bench import kimi_cli
 from bench import openhands
 from bench import caps, pools, ports, services
+from bench import claw_bench
+from bench import claw_mini
 from bench import rl_step_time, rl_wasted_rollouts
 from bench.console_report import print_measurement
 from bench.machine import collect_machine_info, load_average_1m
@@ -37,7 +39,7 @@ MEASUREMENTS: dict[str, Measurement] = {m.name: m for m in (
     embedded_generation.MEASUREMENT, rl_wasted_rollouts.MEASUREMENT, rl_step_time.MEASUREMENT,
     sft_throughput.MEASUREMENT, parallel_harnesses.MEASUREMENT, kimi_cli.MEASUREMENT,
     openhands.MEASUREMENT, pools.MEASUREMENT, caps.MEASUREMENT, ports.MEASUREMENT,
-    services.MEASUREMENT)}
+    services.MEASUREMENT, claw_bench.MEASUREMENT, claw_mini.MEASUREMENT)}
 
 _BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_JSON = _BENCH_DIR / "results" / "latest.json"

@@ -148,7 +148,8 @@ def test_cli_refuses_an_unknown_measurement_name():
                                  "eval_throughput", "k8s", "docker", "embedded_generation", "rl_wasted_rollouts",
                                  "rl_step_time", "sft_throughput", "model_network",
                                  "oci_import", "harness_bundles", "parallel_harnesses", "kimi_cli",
-                                 "openhands", "pools", "caps", "ports", "services"}
+                                 "openhands", "pools", "caps", "ports", "services", "claw_bench",
+                                 "claw_mini"}
 
 
 def test_bubblewrap_alone_runs_true_with_a_sandboxs_arguments(tmp_path):

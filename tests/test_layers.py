@@ -17,13 +17,18 @@ BELOW = {"orchard.core", "orchard.util"}
 # The package root's face (`import orchard`, its version), for the packages above it. orchard/__init__.py
 # imports core and util, so neither may import it back; the agent imports nothing of Orchard.
 PACKAGE_FACE = {"orchard", "orchard.__version__"}
-WITHOUT_FACE = {"orchard.core", "orchard.util", "orchard.sandbox.agent"}
+WITHOUT_FACE = {"orchard.core", "orchard.util", "orchard.sandbox.agent", "orchard.worlds.claw"}
 # package -> the Orchard packages it may import (besides itself). Longest prefix wins. Core is the ground
 # floor: it imports nothing of Orchard; util imports core only.
 ALLOWED: dict[str, set[str]] = {
     "orchard.core": set(),
     "orchard.util": {"orchard.core"},
     "orchard.sandbox.agent": set(),
+    # What a task brings into its sandbox: the Claw world runs there on the standard library and itself alone
+    # (it is run as the top-level package `claw`); its task spec, made on the host, is above core.
+    "orchard.worlds": BELOW,
+    "orchard.worlds.claw": set(),
+    "orchard.worlds.claw.task": BELOW | {"orchard.worlds.claw"},
     "orchard.policies": BELOW,
     "orchard.harnesses": BELOW,
     "orchard.gateway": BELOW | {"orchard.policies"},
@@ -32,11 +37,12 @@ ALLOWED: dict[str, set[str]] = {
     # The harness suite runs a harness as `orchard eval` does, so it sits above the evaluator.
     "orchard.testing.harness_conformance": BELOW | {"orchard.gateway", "orchard.policies", "orchard.sandbox",
                                                     "orchard.eval", "orchard.testing"},
-    "orchard.eval": BELOW | {"orchard.sandbox", "orchard.gateway", "orchard.policies", "orchard.harnesses"},
+    "orchard.eval": BELOW | {"orchard.sandbox", "orchard.gateway", "orchard.policies", "orchard.harnesses",
+                     "orchard.worlds"},
     "orchard.recipes": BELOW | {"orchard.sandbox", "orchard.gateway", "orchard.policies", "orchard.harnesses",
-                                "orchard.eval"},
+                                "orchard.eval", "orchard.worlds"},
     "orchard.cli": BELOW | {"orchard.sandbox", "orchard.gateway", "orchard.policies", "orchard.harnesses",
-                            "orchard.eval", "orchard.recipes"},
+                            "orchard.eval", "orchard.recipes", "orchard.worlds"},
 }
 
 

@@ -363,7 +363,8 @@ def test_the_pages_commands_layouts_and_task_tomls_are_the_real_ones():
     doc_blocks.check_cli_lines(DOC)
     doc_blocks.check_diagram_blocks(DOC)
     doc_blocks.check_in_file_blocks(DOC)
-    assert {kind for kind, *_ in doc_blocks.blocks(DOC)} == {"cli", "diagram", "in-file", "python"}
+    # (its `claw-bench` example runs in tests/test_claw_bench_suite.py)
+    assert {kind for kind, *_ in doc_blocks.blocks(DOC)} == {"cli", "diagram", "in-file", "python", "claw-bench"}
 
 
 @pytest.mark.slow

@@ -32,7 +32,8 @@ BackendOption = Annotated[Optional[str], typer.Option(
                       "list`; default local), configured from the environment (e.g. DOCKER_HOST, ORCHARD_K8S_*). "
                       "A task with image 'host' runs in the backend's default image there.")]
 SuiteOption = Annotated[Optional[str], typer.Option(
-    "--suite", help="A built-in suite name (e.g. swe-mini) or a suite directory.")]
+    "--suite", help="A built-in suite name (e.g. swe-mini; claw-bench: the installed package's) or a suite "
+                    "directory.")]
 TasksOption = Annotated[Optional[str], typer.Option(
     "--tasks", help="Comma-separated task ids (default: every task of the suite).")]
 ParallelOption = Annotated[int, typer.Option(
@@ -164,7 +165,8 @@ def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None,
     table = Table("task", "status", "gold patch / solution", "empty patch / no-op", "s",
                   title=f"suite {suite}: the reference fix and doing nothing")
     for check in checks:
-        table.add_row(check.task_id, "[green]ok[/]" if check.valid else "[red]INVALID[/]",
+        status = "[green]ok[/]" if check.valid else "[red]NOT RUNNABLE[/]" if check.not_runnable else "[red]INVALID[/]"
+        table.add_row(check.task_id, status,
                       _verdict(check.gold_resolved, check.gold_reward),
                       _verdict(check.empty_resolved, check.empty_reward), f"{check.duration_s:.1f}")
     out.print(table)
@@ -173,6 +175,12 @@ def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None,
             out.print(f"[red]{escape(check.task_id)}[/]: {escape(problem)}")
     invalid = sum(1 for check in checks if not check.valid)
     out.print(f"{len(checks)} task(s), {invalid} invalid")
+    not_runnable = [check.task_id for check in checks if check.not_runnable]
+    if not_runnable:
+        out.print(f"{len(not_runnable)} not runnable (the reasons above): {', '.join(not_runnable)}")
+    partial = [f"{check.task_id} {check.empty_reward:.2g}" for check in checks if check.noop_partial_credit]
+    if partial:
+        out.print(f"{len(partial)} no-op(s) not resolved but earning partial credit: {', '.join(partial)}")
     if invalid:
         raise typer.Exit(1)
 

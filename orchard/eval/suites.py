@@ -8,13 +8,17 @@ A built-in suite is a directory under the project's `eval/` (e.g. `eval/swe-mini
 A non-editable install (a wheel) does not carry `eval/`: point ORCHARD_EVAL_DIR at a copy of it, or pass the
 suite's directory itself as `--suite`.
 
+A suite that an installed Python package carries is found by its name too, after those (packaged_suites.py):
+`claw-bench` is the task directories of the PyPI package claw-bench, read where pip put them.
+
 Three on-disk formats are read:
 - an Orchard suite (`tasks.jsonl` of `Task`s, or of SWE-bench instances with `suite.json` saying
   `"format": "swebench"`; see `orchard.core.task_suite`), run in the images the tasks name;
 - a local SWE suite like swe-mini: `tasks.jsonl` of SWE-bench instances plus `repos/<instance_id>/`, the base
   repository of each. Each task runs in the `host` image at /testbed, with the repository's files placed
   there and committed as the only commit of a fresh git repository, as SWE-bench images have it;
-- a directory of task directories, each Harbor's or claw-bench's (orchard/eval/dialects/), as they are."""
+- a directory of task directories (or of groups of them, as claw-bench's tasks/<domain>/<task>/), each
+  Harbor's, claw-bench's or Orchard's own (orchard/eval/dialects/), as they are."""
 
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from orchard.eval.dialects import holds_task_dirs, load_task_dirs
 from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE
 from orchard.eval.dialects.common import dir_files
 from orchard.eval.load_errors import LOAD_ERROR_KEY
+from orchard.eval.packaged_suites import (PACKAGED_SUITES, installed_packaged_suites, installed_version,
+                                          packaged_suite_of, require_packaged_suite)
 
 EVAL_DIR_ENV = "ORCHARD_EVAL_DIR"
 REPOS_DIR = "repos"
@@ -46,12 +52,15 @@ def eval_roots() -> list[Path]:
 
 
 def available_suites() -> dict[str, Path]:
-    """Built-in suite name -> directory (the first root that has it wins)."""
+    """Built-in suite name -> directory (the first root that has it wins), then the suites of installed
+    packages (claw-bench) under names no root has."""
     suites: dict[str, Path] = {}
     for root in eval_roots():
         for directory in sorted(root.iterdir()):
             if (directory / TASKS_FILE).is_file() or holds_task_dirs(directory):
                 suites.setdefault(directory.name, directory)
+    for name, directory in installed_packaged_suites().items():
+        suites.setdefault(name, directory)
     return suites
 
 
@@ -63,6 +72,8 @@ def resolve_suite(name_or_dir: str | Path) -> Path:
     suites = available_suites()
     if str(name_or_dir) in suites:
         return suites[str(name_or_dir)]
+    if str(name_or_dir) in PACKAGED_SUITES:  # known, its package not installed: say how to install it
+        return require_packaged_suite(str(name_or_dir))
     names = ", ".join(sorted(suites)) or "none found"
     raise NotFound(f"unknown suite {str(name_or_dir)!r}: it is neither a built-in suite ({names}) nor a directory. "
                    f"Pass a suite directory (with {TASKS_FILE}, or task directories), or set {EVAL_DIR_ENV} to the "
@@ -88,8 +99,13 @@ def load_suite(name_or_dir: str | Path | TaskSuite) -> TaskSuite:
 def load_task_dir_suite(directory: Path) -> TaskSuite:
     """A directory of task directories (Harbor's or claw-bench's, orchard/eval/dialects/), named by its
     suite.json when it has one (its name, description, pass_threshold, and the image claw-bench's tasks run
-    in: `claw_bench_image`, default host), else after the directory."""
+    in: `claw_bench_image`, default host), else after the directory; an installed package's suite after
+    the suite (claw-bench), however it was given."""
     name, description, threshold = _manifest_fields(directory)
+    packaged = packaged_suite_of(directory)
+    if packaged is not None and not (directory / MANIFEST_FILE).is_file():
+        name = packaged.name
+        description = f"{packaged.description}; {packaged.distribution} {installed_version(packaged)}, {directory}"
     image = _manifest_data(directory).get("claw_bench_image", DEFAULT_IMAGE)
     if not isinstance(image, str) or not image.strip():
         raise InvalidRequest(f"{directory / MANIFEST_FILE}: claw_bench_image must be an image name, got {image!r}")

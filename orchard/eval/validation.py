@@ -2,8 +2,8 @@
 gold patch must resolve it and the empty patch must not (its FAIL_TO_PASS tests fail while its PASS_TO_PASS
 tests pass). A task with a script grader and a reference solution (the task-directory dialects: Harbor's
 solve.sh, claw-bench's): in one fresh sandbox the solution, run as the oracle runs it, must resolve it at the
-suite's pass threshold; in another a no-op (nothing done) must not. A task that cannot run is listed with the
-reason."""
+suite's pass threshold; in another a no-op (nothing done) must not (a no-op that still earns a reward below
+the threshold is valid, and said: `noop_partial_credit`). A task that cannot run is listed with the reason."""
 
 from __future__ import annotations
 
@@ -35,10 +35,16 @@ class TaskValidation(BaseModel):
     gold_reward: float | None = None
     empty_reward: float | None = None
     duration_s: float = 0.0
+    not_runnable: bool = False  # the suite says it cannot run (its problem is the reason)
 
     @property
     def valid(self) -> bool:
         return not self.problems
+
+    @property
+    def noop_partial_credit(self) -> bool:
+        """A no-op that is not resolved yet earns some reward: checks that pass with nothing done."""
+        return not self.empty_resolved and bool(self.empty_reward)
 
 
 async def validate_suite(suite: str | Path | TaskSuite, task_ids: list[str] | None = None, *, parallel: int = 4,
@@ -62,6 +68,7 @@ async def validate_task(orch: SandboxFactory, task: Task, *, pass_threshold: flo
     load_error = task.metadata.get(LOAD_ERROR_KEY)
     if load_error:  # e.g. its repository is missing: grading it would only report git's complaint
         result.problems.append(str(load_error))
+        result.not_runnable = True
         return result
     grader = task.grader
     if isinstance(grader, (ScriptGrader, ServicesGrader)) and grader.reference_solution:

@@ -6,7 +6,13 @@
 - claw-bench's (claw_bench.py): a flat `task.toml`, `environment/setup.sh` and `solution/solve.sh` taking the
   workspace as $1, `verifier/test_output.py` run by pytest with `--workspace` (score: checks passed / total);
 - Orchard's own (orchard_dir.py): `task.json`, an Orchard task (services, MCP tools, any grader), with its
-  `files/` and `solution/solve.sh` beside it.
+  `files/` and `solution/solve.sh` beside it;
+- Claw's (claw_world.py): `claw.json`, a task acting on the Claw world's services (mail, calendar, contacts,
+  notes, todo) with their seeds, faults and state checks (docs/claw.md).
+
+Task directories may be grouped one level down, as claw-bench keeps its own (`tasks/<domain>/<task>/`): a
+subdirectory that is not a task directory is read as a group of them (one whose name starts with `_` or `.`,
+such as claw-bench's `_schema`, is not).
 
 A task directory that cannot be read (a `task.toml` missing a key, a file missing) becomes a task that is not
 runnable, with the reason (load_errors.py): the rest of the suite runs."""
@@ -17,16 +23,29 @@ from pathlib import Path
 
 from orchard.core.task import Task
 from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE, claw_bench_task, is_claw_bench_dir
+from orchard.eval.dialects.claw_world import claw_dir_task, is_claw_dir
 from orchard.eval.dialects.common import TASK_TOML, TaskDirError
 from orchard.eval.dialects.harbor import harbor_task
 from orchard.eval.dialects.orchard_dir import is_orchard_dir, orchard_dir_task
 from orchard.eval.load_errors import unrunnable_task
 
 
+def is_task_dir(directory: Path) -> bool:
+    return directory.is_dir() and ((directory / TASK_TOML).is_file() or is_orchard_dir(directory)
+                                   or is_claw_dir(directory))
+
+
 def task_dirs(directory: Path) -> list[Path]:
-    """The task directories directly under `directory` (those with a task.toml or a task.json), by name."""
-    return sorted(child for child in directory.iterdir()
-                  if child.is_dir() and ((child / TASK_TOML).is_file() or is_orchard_dir(child)))
+    """The task directories under `directory` (those with a task.toml, task.json or claw.json), by name: its
+    subdirectories, or for one that is not a task directory (a group, e.g. claw-bench's domains), those
+    directly under it."""
+    found: list[Path] = []
+    for child in sorted(directory.iterdir()):
+        if is_task_dir(child):
+            found.append(child)
+        elif child.is_dir() and not child.name.startswith(("_", ".")):
+            found += sorted(grandchild for grandchild in child.iterdir() if is_task_dir(grandchild))
+    return found
 
 
 def holds_task_dirs(directory: Path) -> bool:
@@ -38,6 +57,8 @@ def load_task_dir(directory: Path, *, claw_bench_image: str = DEFAULT_IMAGE) -> 
     after its directory) when it cannot be read. `claw_bench_image`: where claw-bench's tasks run (Harbor's
     name theirs)."""
     try:
+        if is_claw_dir(directory):
+            return claw_dir_task(directory)
         if is_orchard_dir(directory):
             return orchard_dir_task(directory)
         if is_claw_bench_dir(directory):

@@ -12,11 +12,18 @@ threshold (1.0 by default, claw-bench's own verdict: no check fails). The image 
 suite's suite.json names another (`"claw_bench_image"`). The workspace is the sandbox's /workspace; setup
 runs from a copy of environment/ that is removed before the agent starts, and the verifier is placed only
 when the agent is done. Some of claw-bench's scripts ignore $1 (and verifiers --workspace) and use
-<task>/workspace: there it is the workspace too (a link)."""
+<task>/workspace: there it is the workspace too (a link).
+
+A task whose own files are broken is not runnable, with the reason (found without running anything): a script
+bash cannot parse (`bash -n`), or input data that setup.sh copies from environment/data/ and the task does not
+have."""
 
 from __future__ import annotations
 
+import functools
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchard.core.task import ScriptGrader, Task, TaskEnvironment, TaskFile
 from orchard.eval.dialects.common import (INSTRUCTION_MD, TASK_TOML, TaskDirError, dir_files, read_text, read_toml,
                                           unpack_command)
+from orchard.eval.load_errors import LOAD_ERROR_KEY
 
 DEFAULT_IMAGE = "host"  # Orchard's own Python, with pytest, first on its PATH
 WORKSPACE = "/workspace"
@@ -31,6 +39,9 @@ SETUP_DIR = "/tmp/orchard-claw-task"  # environment/ for setup.sh, gone before t
 VERIFIER_DIR = "/tmp/orchard-claw-verifier"
 REWARD_FILE = f"{VERIFIER_DIR}/reward"
 VERIFIER_TIMEOUT_S = 300.0
+SCRIPTS = ("environment/setup.sh", "solution/solve.sh")
+# a path setup.sh copies from: environment/data/<path>, up to a quote, a space, a glob or a variable
+DATA_REFERENCE = re.compile(r"environment/data(/[^\s\"'*?$]*)?")
 # The --workspace option and fixture that claw-bench's tasks/conftest.py gives every verifier.
 CONFTEST = '''import pathlib
 
@@ -80,6 +91,68 @@ def is_claw_bench_dir(directory: Path) -> bool:
     return re.search(r"^\s*\[", text, flags=re.MULTILINE) is None
 
 
+def defects(directory: Path) -> list[str]:
+    """What keeps the task from running as written, found by reading its files: a script that bash cannot
+    parse, a path under environment/data/ that setup.sh copies from and the task lacks (the data directory
+    itself: missing or empty)."""
+    found = [problem for part in SCRIPTS if (problem := _syntax_error(directory / part))]
+    setup = (directory / "environment/setup.sh").read_text(encoding="utf-8", errors="replace")
+    for reference in dict.fromkeys(_data_references(setup)):
+        if not _has_data(directory, reference):
+            named = _input_names(directory)
+            found.append(f"its input data is missing: environment/setup.sh copies from {reference}, "
+                         "which the task does not have"
+                         f"{' (the instruction names ' + ', '.join(named) + ')' if named else ''}")
+    return found
+
+
+def _data_references(script: str) -> list[str]:
+    """The paths under environment/data/ a script names; one cut off by a glob or a variable ends in `*`."""
+    references = []
+    for match in DATA_REFERENCE.finditer(script):
+        cut = script[match.end():match.end() + 1] in ("$", "*", "?")
+        references.append(match.group(0) + "*" if cut else match.group(0).rstrip("/"))
+    return references
+
+
+def _has_data(directory: Path, reference: str) -> bool:
+    """Whether the task has what the reference names: the file, a non-empty directory, or for one ending in
+    `*` an entry whose name starts with what precedes it."""
+    if reference.endswith("*"):
+        parent, _, prefix = reference[:-1].rpartition("/")
+        source = directory / parent
+        return source.is_dir() and any(entry.name.startswith(prefix) for entry in source.iterdir())
+    source = directory / reference
+    return source.is_file() or (source.is_dir() and any(source.iterdir()))
+
+
+def _syntax_error(script: Path) -> str | None:
+    stat = script.stat()
+    return _bash_n(str(script), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bash_n(path: str, _mtime_ns: int, _size: int) -> str | None:
+    """bash's complaint about the script, parsed and not run (`bash -n`); None when it parses (or there is no
+    bash here to ask). Cached by the file's mtime and size: an installed suite is read once per process."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return None
+    checked = subprocess.run([bash, "-n", path], capture_output=True, text=True, timeout=30)
+    if checked.returncode == 0:
+        return None
+    said = " ".join(line.replace(path + ": ", "", 1) for line in checked.stderr.strip().splitlines())
+    return f"{Path(path).parent.name}/{Path(path).name} has a syntax error (bash -n): {said}"
+
+
+def _input_names(directory: Path) -> list[str]:
+    """The file names the instruction gives in backquotes that it does not name as an output (workspace/...)."""
+    text = (directory / INSTRUCTION_MD).read_text(encoding="utf-8", errors="replace")
+    outputs = set(re.findall(r"workspace/([\w.-]+)", text))
+    names = re.findall(r"`([\w-]+\.[A-Za-z0-9]{1,5})`", text)
+    return [name for name in dict.fromkeys(names) if name not in outputs]
+
+
 def verifier_script() -> str:
     """pytest over the checks, then the score into REWARD_FILE, only when pytest ran them (exit 0: all passed, 1:
     some failed); a crash (a collection error, no checks) writes none: the grader's error."""
@@ -110,6 +183,9 @@ def claw_bench_task(directory: Path, image: str = DEFAULT_IMAGE) -> Task:
     grader = ScriptGrader(script=verifier_script(), reward_file=REWARD_FILE, reward_required=True, files=files,
                           timeout_s=VERIFIER_TIMEOUT_S,
                           reference_solution=unpack_command(directory, ["environment", "solution"], solve))
-    return Task(id=config.id, instruction=instruction, environment=environment, grader=grader,
-                metadata={"dialect": "claw-bench", "claw_bench": config.model_dump(exclude={"id"}),
-                          "agent_timeout_s": float(config.timeout)})
+    metadata = {"dialect": "claw-bench", "claw_bench": config.model_dump(exclude={"id"}),
+                "agent_timeout_s": float(config.timeout)}
+    broken = defects(directory)
+    if broken:  # the task as it reads, under its own id, and why it cannot run
+        metadata[LOAD_ERROR_KEY] = f"task {config.id} ({directory.name}): " + "; ".join(broken)
+    return Task(id=config.id, instruction=instruction, environment=environment, grader=grader, metadata=metadata)

@@ -1,0 +1,91 @@
+"""Suites read from an installed Python package, by name: `orchard eval --suite claw-bench` reads the task
+directories the PyPI package `claw-bench` installs (its wheel's data, `<prefix>/share/claw-bench/tasks/`,
+grouped by domain), in place: nothing is copied. Where they are is found from the installed distribution's
+own file list (importlib.metadata), so any environment layout (a venv, --user, a system prefix) works.
+
+The task directories are claw-bench's dialect (orchard/eval/dialects/claw_bench.py); the two of claw-bench
+0.1.0's 222 whose own files are broken are listed as not runnable, with the reason, found from the files:
+`mem-010` (its input files are missing) and `sys-008` (its solve.sh does not parse)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchard.core.errors import NotFound
+
+
+@dataclass(frozen=True)
+class PackagedSuite:
+    name: str  # the suite's name for --suite
+    distribution: str  # the PyPI distribution that carries it
+    version: str  # the version Orchard reads (pyproject.toml's extra pins it)
+    extra: str  # Orchard's extra that installs it
+    marker: str  # a file of the distribution, as its RECORD names it, in the suite's directory
+    description: str
+
+
+CLAW_BENCH = PackagedSuite(
+    name="claw-bench", distribution="claw-bench", version="0.1.0", extra="claw-bench",
+    marker="share/claw-bench/tasks/conftest.py",
+    description="claw-bench's task directories (PyPI claw-bench): files-only agent tasks in 14 domains, each "
+                "graded by pytest checks over its workspace")
+PACKAGED_SUITES: dict[str, PackagedSuite] = {suite.name: suite for suite in (CLAW_BENCH,)}
+
+
+def installed_version(suite: PackagedSuite) -> str | None:
+    try:
+        return importlib.metadata.version(suite.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def packaged_suite_dir(suite: PackagedSuite) -> Path | None:
+    """The directory the installed distribution keeps the suite in; None when it is not installed (or its
+    file list holds no such directory)."""
+    try:
+        distribution = importlib.metadata.distribution(suite.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in distribution.files or []:
+        if file.as_posix().endswith("/" + suite.marker) or file.as_posix() == suite.marker:
+            directory = Path(distribution.locate_file(file)).resolve().parent
+            return directory if directory.is_dir() else None
+    return None
+
+
+def installed_packaged_suites() -> dict[str, Path]:
+    """Name -> directory of every packaged suite whose distribution is installed."""
+    found = {}
+    for name, suite in PACKAGED_SUITES.items():
+        directory = packaged_suite_dir(suite)
+        if directory is not None:
+            found[name] = directory
+    return found
+
+
+def require_packaged_suite(name: str) -> Path:
+    """The packaged suite's directory, or a NotFound saying how to install its distribution."""
+    suite = PACKAGED_SUITES[name]
+    directory = packaged_suite_dir(suite)
+    if directory is not None:
+        return directory
+    version = installed_version(suite)
+    if version is None:
+        raise NotFound(f"suite {name!r} is read from the PyPI package {suite.distribution}, which is not installed: "
+                       f"pip install '{suite.distribution}=={suite.version}' (or Orchard's extra: pip install "
+                       f"'orchard[{suite.extra}]'; `make setup` installs it)")
+    raise NotFound(f"suite {name!r}: the installed {suite.distribution} {version} has no {suite.marker} in its file "
+                   f"list (Orchard reads {suite.distribution} {suite.version}): pip install "
+                   f"'{suite.distribution}=={suite.version}'")
+
+
+def packaged_suite_of(directory: Path) -> PackagedSuite | None:
+    """The packaged suite kept in `directory`, if it is one (so the suite is named the same however it is
+    given: by name or by its directory)."""
+    resolved = directory.resolve()
+    for name, found in installed_packaged_suites().items():
+        if found == resolved:
+            return PACKAGED_SUITES[name]
+    return None
