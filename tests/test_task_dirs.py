@@ -9,6 +9,7 @@ examples."""
 from __future__ import annotations
 
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,8 @@ def test_every_dialect_loads_from_the_example_suite_by_name():
     # Harbor: the prebuilt image of task.toml, its workdir; the tests at /tests, placed only for grading
     assert (harbor.environment.image, harbor.environment.workdir) == ("debian:bookworm-slim", "/app")
     assert harbor.agent_timeout_s == 300.0  # [agent] timeout_sec: the evaluator's limit on the agent
+    assert claw.agent_timeout_s == float(tomllib.loads((SUITE / "claw-sales-summary" / "task.toml").read_text())
+                                         ["timeout"])  # claw-bench's flat timeout: the same
     for task in (claw, harbor, by_id["mini-003"], by_id["harbor-build"]):
         grader = task.grader
         assert isinstance(grader, ScriptGrader) and grader.reward_required and grader.reference_solution

@@ -183,9 +183,9 @@ def claw_bench_task(directory: Path, image: str = DEFAULT_IMAGE) -> Task:
     grader = ScriptGrader(script=verifier_script(), reward_file=REWARD_FILE, reward_required=True, files=files,
                           timeout_s=VERIFIER_TIMEOUT_S,
                           reference_solution=unpack_command(directory, ["environment", "solution"], solve))
-    metadata = {"dialect": "claw-bench", "claw_bench": config.model_dump(exclude={"id"}),
-                "agent_timeout_s": float(config.timeout)}
+    metadata = {"dialect": "claw-bench", "claw_bench": config.model_dump(exclude={"id"})}
     broken = defects(directory)
     if broken:  # the task as it reads, under its own id, and why it cannot run
         metadata[LOAD_ERROR_KEY] = f"task {config.id} ({directory.name}): " + "; ".join(broken)
-    return Task(id=config.id, instruction=instruction, environment=environment, grader=grader, metadata=metadata)
+    return Task(id=config.id, instruction=instruction, environment=environment, grader=grader,
+                agent_timeout_s=float(config.timeout), metadata=metadata)
