@@ -25,6 +25,7 @@ from orchard.core.errors import BackendError, InvalidRequest
 from orchard.core.sandbox import NetworkPolicy, SandboxSpec
 from orchard.sandbox.agent_client import AgentSandbox
 from orchard.core.backend import BackendSandbox
+from orchard.sandbox.backends.local.bwrap import ORCHARD_PACKAGE_DIR
 from orchard.sandbox.backends.local.cgroups import placements
 from orchard.sandbox.backends.local import LocalBackend
 from orchard.sandbox.bubblewrap import find_bwrap
@@ -182,6 +183,15 @@ async def test_a_sandbox_cannot_redirect_its_clients(backend, tmp_path):
             assert Path(sb.agent_url.removeprefix("unix://")).parent == Path(sb.handle["run_dir"])
     finally:
         decoy.close()
+
+
+async def test_orchards_own_package_shows_read_only_at_its_path_on_the_host_image(backend):
+    """What runs in a sandbox from Orchard's own package (the Claw world's services) is read at the package's
+    host path: bound even where the sandbox gets that directory fresh (a checkout under /tmp, as CI's)."""
+    package = str(ORCHARD_PACKAGE_DIR)
+    async with running(backend) as (_, agent):
+        r = await agent.exec(f"python3 -I -S {package}/worlds/claw/run.py --help; touch {package}/x || echo refused")
+        assert "refused" in r.stdout and "usage: python -m orchard.worlds.claw serve" in r.output, r.output
 
 
 # ---- rootfs images -------------------------------------------------------------------------------------

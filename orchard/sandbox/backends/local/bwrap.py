@@ -99,6 +99,8 @@ KERNEL_TREES = ("/proc", "/sys", "/dev")  # never a rootfs image
 # Host top-level entries a sandbox gets fresh instead of bound (/run holds the host's service sockets,
 # which a read-only bind would still let a sandbox connect to).
 HOST_ENTRIES_REPLACED = {"proc", "dev", "tmp", "run"}
+# Orchard's own package (orchard/): with an editable install, a checkout outside the venv.
+ORCHARD_PACKAGE_DIR = Path(__file__).resolve().parents[3]
 
 
 class SandboxPaths(BaseModel):
@@ -294,15 +296,26 @@ def _closed_ancestor(path: Path) -> Path | None:
     return None
 
 
+def _orchard_env_dirs() -> list[Path]:
+    """Orchard's venv, the interpreter that made it, and Orchard's own package where an editable install
+    keeps it outside the venv (a checkout): what runs in a sandbox from the host (the Claw world's
+    services, orchard/worlds) is read from there."""
+    dirs = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    package = ORCHARD_PACKAGE_DIR.resolve()
+    if not any(package.is_relative_to(env_dir) for env_dir in dirs):
+        dirs.add(package)
+    return sorted(dirs)
+
+
 def _orchard_env_args(remapped: bool) -> list[str]:
-    """Orchard's own Python environment (its venv and the interpreter that made it) stays usable at its
-    path: tasks on the host image run tools with it. Bound where the sandbox gets a fresh directory (a
-    checkout under /tmp); and where the sandbox's unprivileged user could not enter a directory on the way
-    (a pyenv Python under /root, 0700), that directory is replaced by a read-only tmpfs holding only the
-    environment, so nothing else of it shows."""
+    """Orchard's own Python environment (_orchard_env_dirs) stays usable at its path: tasks on the host
+    image run tools with it. Bound where the sandbox gets a fresh directory (a checkout under /tmp); and
+    where the sandbox's unprivileged user could not enter a directory on the way (a pyenv Python under
+    /root, 0700), that directory is replaced by a read-only tmpfs holding only the environment, so nothing
+    else of it shows."""
     args: list[str] = []
     covers: list[Path] = []
-    for env_dir in sorted({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}):
+    for env_dir in _orchard_env_dirs():
         if len(env_dir.parts) <= 2 or not env_dir.is_dir():
             continue
         if env_dir.parts[1] in HOST_ENTRIES_REPLACED:
