@@ -20,6 +20,7 @@ from bench.eval_throughput import free_port, tasks_per_minute
 from bench.latency import measure_interleaved
 from bench.measurement import BenchContext, Measurement
 from bench.results_model import Findings, Row, Target, ratio
+from bench.services import environment_phase
 from orchard.core.task import Task
 from orchard.core.task_suite import TaskSuite
 from orchard.eval.models import eval_gateway_config
@@ -78,7 +79,6 @@ def own_start_ms(name: str, runs: int) -> float:
 
 
 def run(ctx: BenchContext) -> Findings:
-    from orchard.eval.task_sandbox import create_task_sandbox
     from orchard.sandbox.client import AsyncOrchard
 
     suite = load_suite("claw-mini")
@@ -102,15 +102,7 @@ def run(ctx: BenchContext) -> Findings:
         orchard = runner.run(AsyncOrchard().__aenter__())
         try:
             def block(task: Task):
-                async def timed(k: int) -> list[float]:
-                    durations = []
-                    for _ in range(k):
-                        started = time.perf_counter()
-                        sandbox = await create_task_sandbox(orchard, task)
-                        durations.append(time.perf_counter() - started)
-                        await sandbox.close()
-                    return durations
-                return lambda k: runner.run(timed(k))
+                return environment_phase(runner, orchard, task)
 
             stats = measure_interleaved({"three services": block(three), "three bare listeners": block(listeners),
                                          "none": block(bare)},

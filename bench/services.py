@@ -62,9 +62,29 @@ def own_start(server: Path, k: int) -> list[float]:
     return durations
 
 
+def environment_phase(runner: asyncio.Runner, orchard, task, after=None):
+    """A block for measure_interleaved: k environment phases of `task` (`create_task_sandbox`, as the
+    evaluator runs it), each timed and its sandbox then deleted; `after(task, sandbox)` runs untimed
+    before the delete."""
+    from orchard.eval.task_sandbox import create_task_sandbox
+
+    async def timed(k: int) -> list[float]:
+        durations = []
+        for _ in range(k):
+            started = time.perf_counter()
+            sandbox = await create_task_sandbox(orchard, task)
+            durations.append(time.perf_counter() - started)
+            try:
+                if after is not None:
+                    await after(task, sandbox)
+            finally:
+                await sandbox.close()
+        return durations
+    return lambda k: runner.run(timed(k))
+
+
 def run(ctx: BenchContext) -> Findings:
     from orchard.core.task import Task, TaskEnvironment, TaskFile, TaskService
-    from orchard.eval.task_sandbox import create_task_sandbox
     from orchard.sandbox.client import AsyncOrchard
 
     files = [TaskFile(path="/tmp/server.py", content=SERVER)]
@@ -79,20 +99,14 @@ def run(ctx: BenchContext) -> Findings:
         try:
             after_listening: list[float] = []
 
-            def block(task: Task):
-                async def timed(k: int) -> list[float]:
-                    durations = []
-                    for _ in range(k):
-                        started = time.perf_counter()
-                        sandbox = await create_task_sandbox(orchard, task)
-                        durations.append(time.perf_counter() - started)
-                        ready_at = time.time()
-                        if task.environment.services:
-                            listened = [float(s.log.split()[1]) for s in await sandbox.services()]
-                            after_listening.append(ready_at - max(listened))
-                        await sandbox.close()
-                    return durations
-                return lambda k: runner.run(timed(k))
+            async def listened_until_ready(task, sandbox) -> None:
+                if task.environment.services:
+                    ready_at = time.time()
+                    listened = [float(s.log.split()[1]) for s in await sandbox.services()]
+                    after_listening.append(ready_at - max(listened))
+
+            def block(task):
+                return environment_phase(runner, orchard, task, after=listened_until_ready)
 
             with tempfile.TemporaryDirectory() as scratch:
                 server = Path(scratch) / "server.py"
