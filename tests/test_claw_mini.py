@@ -32,7 +32,7 @@ from tests.running_server import live_sandbox_ids
 
 SUITE = Path(__file__).resolve().parents[1] / "eval" / "claw-mini"
 PAGE = doc_blocks.ROOT / "docs" / "claw.md"
-CATEGORIES = {"mail", "calendar", "contacts", "notes", "todo", "cross-service", "safety", "faults"}
+CATEGORIES = {"mail", "calendar", "contacts", "notes", "todo", "cross-service", "safety", "faults", "multi-turn"}
 cli = CliRunner()
 
 

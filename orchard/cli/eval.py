@@ -91,6 +91,11 @@ def eval_command(
     pass_threshold: Annotated[Optional[float], typer.Option(
         "--pass-threshold", help="A rollout is resolved when its reward (0 to 1) is at least this; default: the "
                                  "suite's pass_threshold (suite.json), else 1.0.")] = None,
+    user_model: Annotated[Optional[str], typer.Option(
+        "--user-model", help="The model that plays the simulated user of multi-turn tasks (any model the run's "
+                             "gateway serves: Orchard's own, an alias of --gateway-config, a litellm name); its "
+                             "calls are recorded apart from the agent's. Default: each user follows its task's "
+                             "script (docs/claw.md).")] = None,
 ) -> None:
     """Evaluate HARNESS with MODEL on SUITE: one trial per task (sandbox, harness, patch, grading in a fresh
     sandbox).
@@ -127,7 +132,7 @@ def eval_command(
                 task_ids=_split(tasks), parallel=parallel, harness_options=options,
                 sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens), timeouts=timeouts,
                 orchard_url=url, backend=backend, listener=listener, pool=pool, attempts=attempts,
-                error_retries=error_retries, pass_threshold=pass_threshold))
+                error_retries=error_retries, pass_threshold=pass_threshold, user_model=user_model))
     except OrchardError as exc:
         fail_with(exc)
     except KeyboardInterrupt:

@@ -57,6 +57,10 @@ class TaskService(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     seed_dir: str | None = Field(default=None, description="a directory in the sandbox (placed by the task's "
                                  "files or setup) copied into the service's state directory before it starts")
+    user_model: Literal["optional", "required"] | None = Field(default=None, description=(
+        "the service plays the task's user (docs/claw.md, multi-turn tasks): the evaluator hands it the run's "
+        "--user-model through the gateway, recorded apart from the agent's calls; `optional`: it follows a "
+        "script without one, `required`: a run without --user-model is refused"))
 
     @model_validator(mode="after")
     def _health_check_needs_a_port(self) -> TaskService:

@@ -63,9 +63,9 @@ def backend_for_run(backend: BackendConfig | str | None, orchard_url: str | None
     gateway to the sandboxes: a server's or a caller's orchestrator was configured without it."""
     if has_client or orchard_url:
         where = "the given Orchard client" if has_client else f"the server at {orchard_url}"
-        raise InvalidRequest(f"an in-sandbox harness needs sandboxes that reach this run's model gateway, which "
-                             f"{where} cannot be told about; run with the embedded orchestrator (`--backend`, "
-                             "no ORCHARD_URL)")
+        raise InvalidRequest(f"an in-sandbox harness (or a task's simulated user) needs sandboxes that reach this "
+                             f"run's model gateway, which {where} cannot be told about; run with the embedded "
+                             "orchestrator (`--backend`, no ORCHARD_URL)")
     return resolved_backend_config(backend, resolve_home())
 
 

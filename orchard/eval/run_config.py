@@ -55,6 +55,8 @@ class EvalConfig(BaseModel):
     timeouts: TrialTimeouts = Field(default_factory=TrialTimeouts)
     pass_threshold: float = Field(default=1.0, gt=0, le=1, description=(
         "a rollout is resolved when its reward is at least this (the suite's, or --pass-threshold)"))
+    user_model: str | None = Field(default=None, description="the model playing the tasks' simulated users "
+                                   "(--user-model); none: their scripts")
 
     def differences(self, other: EvalConfig) -> list[str]:
         """`field: this -> other` for every field that differs."""

@@ -57,6 +57,7 @@ from orchard.eval.run_config import (TrialTimeouts, check_same_config, harness_d
 from orchard.eval.image_build.prepare import prepare_task_images
 from orchard.eval.suites import load_suite, select_tasks
 from orchard.eval.trial import Trial, TrialRig
+from orchard.eval.user_simulator import check_user_model, uses_user_model
 from orchard.gateway.config import GatewayConfig
 from orchard.harnesses.mcp import check_pairing
 from orchard.sandbox.client import AsyncOrchard
@@ -102,7 +103,7 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
                    orchard_url: str | None = None, orchard_client: SandboxFactory | None = None,
                    backend: BackendConfig | str | None = None, listener: EvalListener | None = None,
                    pool: int = 0, attempts: int = 1, error_retries: int = 0,
-                   pass_threshold: float | None = None) -> EvalResults:
+                   pass_threshold: float | None = None, user_model: str | None = None) -> EvalResults:
     """Evaluate and return the results (also in `out_dir`). Everything a user can get wrong (unknown
     harness, suite or task, an output directory holding another configuration or a file) is refused
     before anything is written. `gateway_config` says which models the run's gateway serves (see
@@ -114,7 +115,8 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
     finished attempts each task gets (a resumed run keeps the most any of its sessions asked for);
     `error_retries`: how many more rollouts of a task this session may run to replace errored ones (0: they
     run again when the run is resumed). `pass_threshold`: the least reward that resolves a task (default: the
-    suite's, 1.0 unless its suite.json says otherwise)."""
+    suite's, 1.0 unless its suite.json says otherwise). `user_model`: the model that plays the tasks' simulated
+    users (user_simulator.py; default: their scripts)."""
     if parallel < 1:
         raise InvalidRequest(f"parallel must be at least 1, got {parallel}")
     if attempts < 1:
@@ -132,19 +134,23 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
     bundle = harness_bundle(agent)
     if bundle:
         get_bundle_spec(bundle)  # an unknown bundle is refused before anything is written
-        backend = backend_for_run(backend, orchard_url, orchard_client is not None)
-        gateway_host(backend)  # where the run's gateway would listen for the sandboxes: refused now if unknown
     check_model_route(gateway_config, model)  # a model no provider serves is refused before any sandbox
+    if user_model:
+        check_model_route(gateway_config, user_model)
     loaded = load_suite(suite)
     tasks = select_tasks(loaded, task_ids)
     check_pairing(agent, tasks)  # a task's MCP tools need a harness that takes them: refused before any sandbox
+    check_user_model(tasks, user_model)
+    if bundle or uses_user_model(tasks, user_model):  # sandboxes reach the run's gateway
+        backend = backend_for_run(backend, orchard_url, orchard_client is not None)
+        gateway_host(backend)  # where the run's gateway would listen for the sandboxes: refused now if unknown
     settings = EvalSettings(harness=harness, harness_version=agent.version, harness_options=options, model=model,
                             sampling=sampling or SamplingParams(), suite=loaded.name, suite_hash=suite_hash(loaded),
                             timeouts=TrialTimeouts.model_validate(timeouts.model_dump()),
                             pass_threshold=loaded.pass_threshold if pass_threshold is None else pass_threshold,
                             suite_path=None if isinstance(suite, TaskSuite) else str(suite),
                             task_ids=[task.id for task in tasks], parallel=parallel, attempts=attempts,
-                            error_retries=error_retries)
+                            error_retries=error_retries, user_model=user_model)
     previous = read_results(out)
     previous_config = read_config(out)
     if previous is not None and previous_config is None:
@@ -269,11 +275,12 @@ class _Run:
         gateway: LocalGateway | None = None
         try:
             # Every call is appended to calls.jsonl as it finishes: the per-turn checkpoint.
-            host = gateway_host(backend) if bundle else "127.0.0.1"
+            reached = bool(bundle) or uses_user_model(self.tasks, self.settings.user_model)
+            host = gateway_host(backend) if reached else "127.0.0.1"
             gateway = LocalGateway(gateway_config.model_copy(update={"record_path": self.out / CALLS_FILE}),
                                    host=host)
             await asyncio.to_thread(gateway.start)
-            if bundle:
+            if reached:
                 backend = with_run_gateway(backend, gateway)
             async with contextlib.AsyncExitStack() as stack:
                 orch = orchard_client or await stack.enter_async_context(
@@ -281,7 +288,8 @@ class _Run:
                 rig = TrialRig(harness=self.harness, model=self.settings.model, sampling=self.settings.sampling,
                                timeouts=self.settings.timeouts, orch=orch, gateway=gateway,
                                agent_slots=asyncio.Semaphore(parallel), grading_slots=asyncio.Semaphore(parallel),
-                               bundle=bundle, out_dir=self.out, pass_threshold=self.settings.pass_threshold)
+                               bundle=bundle, out_dir=self.out, pass_threshold=self.settings.pass_threshold,
+                               user_model=self.settings.user_model)
                 async with asyncio.TaskGroup() as group:
                     for round_ in range(max(needed for _, needed in pending)):  # every task's 1st, then 2nd, ...
                         for task, needed in pending:

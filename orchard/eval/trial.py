@@ -62,6 +62,8 @@ from orchard.eval.suites import LOAD_ERROR_KEY
 from orchard.eval.task_sandbox import create_task_sandbox, sandbox_cpu_seconds
 from orchard.eval.task_services import SERVICE_LOGS, ServiceFailed, check_services, keep_service_logs
 from orchard.eval.trajectory_images import keep_images
+from orchard.eval.user_simulator import (EXTRA_KEY as USER_EXTRA, failed_user_call, user_record, user_rollout_key,
+                                         user_services, with_user_model)
 from orchard.eval.trial_status import (blame_a_failed_model_call, counts, environment_status, grader_status,
                                       harness_setup_status, patch_status, settle_exit_status)
 
@@ -90,6 +92,7 @@ class TrialRig:
     bundle: str | None = None  # the harness runs inside the sandbox from this harness bundle (in_sandbox.py)
     out_dir: Path | None = None  # the run's directory: a harness's native logs are kept under it (native_logs.py)
     pass_threshold: float = 1.0  # a script grader's reward resolves the task from this on (grading.py)
+    user_model: str | None = None  # plays the tasks' simulated users (user_simulator.py); None: their scripts
 
 
 class PhaseFailed(Exception):
@@ -186,6 +189,7 @@ class Trial:
                               lambda: setup_harness(self.rig.harness, self._visible_task(), sandbox),
                               on_error=harness_setup_status, skip_if=lambda: not hasattr(self.rig.harness, "setup"))
             trajectory = await self._agent(sandbox)
+            self._blame_the_user_simulator(trajectory)
             await keep_native_logs(sandbox, trajectory, self.rig.out_dir, self.key)
             keep_images(trajectory, self.rig.out_dir)
             await self._services_after_agent(sandbox, trajectory)
@@ -205,7 +209,12 @@ class Trial:
             raise InvalidRequest(str(problem))
         overrides = sandbox_overrides(self.task, self.rig.bundle) if self.rig.bundle else {}
         overrides["timeout_s"] = self._sandbox_ttl(self.deadline.time_left_s())
-        sandbox = await create_task_sandbox(self.rig.orch, self.task, labels=self.labels, **overrides)
+        task = self.task
+        if self.rig.user_model and user_services(task):  # its user answers with the run's user model
+            task = with_user_model(task, self.rig.gateway, self.key, self.rig.user_model)
+            overrides["network"] = overrides.get("network", task.environment.network).model_copy(
+                update={"gateway": True})
+        sandbox = await create_task_sandbox(self.rig.orch, task, labels=self.labels, **overrides)
         # What the SDK's sandboxes carry (AgentSandbox.startup); another SandboxFactory's may not.
         self.sandbox_startup = getattr(sandbox, "startup", None)
         try:
@@ -433,10 +442,25 @@ class Trial:
                                                            else {}))
         return trajectory
 
+    def _blame_the_user_simulator(self, trajectory: Trajectory) -> None:
+        """A failed call of the simulated user's model ends the rollout as a model_error: the agent was
+        answered by an error it could not help."""
+        if not (self.rig.user_model and user_services(self.task)) or not counts(trajectory):
+            return
+        failed = failed_user_call(self.rig.gateway.gateway.calls(user_rollout_key(self.key)))
+        if failed is not None:
+            error = f"model_error: the simulated user's model {self.rig.user_model!r} failed: {failed.error}"
+            trajectory.exit_status, trajectory.notes = "model_error", error
+            trajectory.outcome = Outcome(error=error)
+
     def _finish(self, trajectory: Trajectory) -> Trajectory:
         """The trajectory as recorded: the gateway's calls attached (steps pointing at them), the
-        accounting from those calls, the task, key and phases set."""
+        accounting from those calls, the task, key and phases set; a simulated user's calls apart."""
         calls = self.rig.gateway.end_rollout(self.key) or self._earlier_calls
+        if user_services(self.task):
+            user_calls = self.rig.gateway.end_rollout(user_rollout_key(self.key))
+            if user_calls or USER_EXTRA not in trajectory.extra:  # a checkpointed rollout's are kept
+                trajectory.extra[USER_EXTRA] = user_record(self.rig.user_model, user_calls)
         data = trajectory.model_dump()
         data["steps"] = link_steps_to_calls(data["steps"], calls)
         data.update(task_id=self.task.id, rollout_key=self.key, llm_calls=[call.model_dump() for call in calls],

@@ -29,7 +29,7 @@ from orchard.worlds.claw.services import PORTS, SERVICES, SMTP_PORT, service_cla
 RUN_PY = Path(__file__).resolve().parent / "run.py"
 SEED_ROOT = "/tmp/.claw/seed"  # each service's seed_dir: /tmp/.claw/seed/<name>/seed.json
 LISTS = {"mail": ("messages",), "calendar": ("events",), "contacts": ("contacts",), "notes": ("notes",),
-         "todo": ("tasks",)}
+         "todo": ("tasks",), "user": ("messages",)}
 SMTP_ENV = "CLAW_MAIL_SMTP"  # host:port of the mail service's SMTP door, for the agent's commands
 PASS_THRESHOLD = 0.75  # Claw-Eval's
 
@@ -163,11 +163,16 @@ def world_command(*args: str, site: bool = False) -> str:
 
 def context_line(spec: ClawSpec) -> str:
     when = datetime.fromisoformat(spec.now)
-    names = ", ".join(spec.services)
-    urls = ", ".join(f"${'ORCHARD_SERVICE_' + name.upper() + '_URL'}" for name in spec.services)
+    services = [name for name in spec.services if name != "user"]
+    names = ", ".join(services)
+    urls = ", ".join(f"${'ORCHARD_SERVICE_' + name.upper() + '_URL'}" for name in services)
+    talk = ""
+    if "user" in spec.services:  # a multi-turn task: the user answers through their own tool (user.py)
+        talk = (f" {spec.user.name.split()[0]} is not at the keyboard: reach them only with the user tool "
+                "message_user (POST $ORCHARD_SERVICE_USER_URL/message_user), which returns their reply.")
     return (f"\n\n(You are the assistant of {spec.user.name} <{spec.user.email}>. It is "
             f"{when.strftime('%A')}, {when.day} {when.strftime('%B %Y, %H:%M')}. Act through the user's "
-            f"services — {names} — with their tools; the same actions are HTTP APIs at {urls}.)\n")
+            f"services — {names} — with their tools; the same actions are HTTP APIs at {urls}.{talk})\n")
 
 
 def claw_task(task_id: str, instruction: str, spec: ClawSpec | dict[str, Any], *,
@@ -198,8 +203,12 @@ def claw_task(task_id: str, instruction: str, spec: ClawSpec | dict[str, Any], *
         if service.smtp:
             args += ["--smtp-port", str(SMTP_PORT)]
             env[SMTP_ENV] = f"127.0.0.1:{SMTP_PORT}"
+        user_model = None
+        if name == "user":  # played by the run's --user-model, else by its script
+            user_model = "optional" if seed.get("script") else "required"
         services.append(TaskService(name=name, command=world_command(*args, site=service.smtp), port=port,
-                                    health_check="/health", env=service_env, seed_dir=seed_dir))
+                                    health_check="/health", env=service_env, seed_dir=seed_dir,
+                                    user_model=user_model))
         tools.append(TaskMCPServer(name=name, transport="stdio",
                                    command=world_command("mcp", name, f"http://127.0.0.1:{port}")))
     checks = {"services": list(spec.services), "checks": [c.grader_form() for c in spec.checks],
