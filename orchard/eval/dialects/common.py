@@ -5,6 +5,7 @@ and a shell command that unpacks files it carries (the reference solution the or
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import os
 import posixpath
@@ -76,16 +77,27 @@ def dir_files(root: Path, under: str) -> list[TaskFile]:
     return files
 
 
+def _content_only(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    info.pax_headers = {}
+    return info
+
+
 def unpack_command(task_dir: Path, parts: list[str], then: str) -> str:
     """One shell command: unpack the task directory's `parts` (as they are laid out in it) into a fresh
     temporary directory, `$ORCHARD_TASK_DIR`, run `then` there, and remove the directory. The files travel as
     base64 text, which any harness's shell tool carries verbatim."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+    # The same files give the same command, so the suite's hash (a run's resume key) is the same in every
+    # process: gzip's header time is fixed, and each entry keeps only its name, content and mode (not the
+    # file's mtime or owner, which a checkout or a copy changes).
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as packed, \
+            tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for part in parts:
             if (task_dir / part).exists():
                 for path in _walk(task_dir / part):
-                    tar.add(path, arcname=path.relative_to(task_dir).as_posix(), recursive=False)
+                    tar.add(path, arcname=path.relative_to(task_dir).as_posix(), recursive=False,
+                            filter=_content_only)
     encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
     # a subshell: a harness's persistent shell must survive the `exit`
     return (f"(ORCHARD_TASK_DIR=$(mktemp -d) && printf '%s' {shlex.quote(encoded)} | base64 -d | "
