@@ -74,10 +74,18 @@ def find_shell_tool(specs: list[ToolSpec]) -> ShellTool | None:
     return None
 
 
+# What a harness's submit tool may require: the run's summary or answer. A tool of a submit name that requires
+# anything else belongs to the task, not to the harness: the Claw world's todo service's `complete_task(task_id)`,
+# which kimi-cli offers under its bare name, marks a todo item done and does not end the run.
+SUBMIT_ARGUMENTS = frozenset({"summary", "message", "result", "answer", "final_answer", "output", "text", "content",
+                              "response", "reason", "explanation", "status"})
+
+
 def find_submit_tool(specs: list[ToolSpec]) -> ToolSpec | None:
+    """The harness's tool that ends the run: one of SUBMIT_TOOL_NAMES that requires no more than a summary."""
     for name in SUBMIT_TOOL_NAMES:
         for spec in specs:
-            if spec.name.lower() == name:
+            if spec.name.lower() == name and set(spec.required) <= SUBMIT_ARGUMENTS:
                 return spec
     return None
 
