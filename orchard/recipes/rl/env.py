@@ -37,8 +37,11 @@ class RolloutEnv:
     def __init__(self, policy: Any | None, *, harness: str = "react", harness_options: dict[str, Any] | None = None,
                  sampling: SamplingParams | None = None, parallel: int = 1,
                  timeouts: TrialTimeouts | None = None, route: ModelRoute | None = None,
-                 model: str = POLICY_ALIAS, orchard_url: str | None = None) -> None:
+                 model: str = POLICY_ALIAS, orchard_url: str | None = None, pass_threshold: float = 1.0) -> None:
         self.policy = policy
+        # the suite's: a script or services grader's reward resolves a task from this on (Claw's 0.75), as in
+        # `orchard eval`; the GRPO reward is the grader's reward itself, whatever the threshold
+        self.pass_threshold = pass_threshold
         self.harness = get_harness(harness, **(harness_options or {}))
         self.sampling = sampling or SamplingParams(temperature=1.0, max_tokens=256)
         self.parallel = parallel
@@ -91,7 +94,8 @@ class RolloutEnv:
         orch = await self._orch.__aenter__()
         self.rig = TrialRig(harness=self.harness, model=self.model, sampling=self.sampling, timeouts=self.timeouts,
                             orch=orch, gateway=self.gateway, agent_slots=asyncio.Semaphore(self.parallel),
-                            grading_slots=asyncio.Semaphore(self.parallel), labels={"orchard.train/run": "rl"})
+                            grading_slots=asyncio.Semaphore(self.parallel), labels={"orchard.train/run": "rl"},
+                            pass_threshold=self.pass_threshold)
 
     def call(self, work: Awaitable[_T]) -> _T:
         """Run `work` on the rollout loop and wait for it (from any other thread)."""

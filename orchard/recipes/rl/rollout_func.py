@@ -130,7 +130,7 @@ class BarRolloutFunc:
                 report.rollouts += 1
                 report.rollout_log.append({
                     "task_id": sample.task_id, "rollout_key": sample.rollout_key, "exit_status": sample.exit_status,
-                    "reward": sample.reward, "model_calls": sample.calls, "sampled_tokens": sample.trained_tokens,
+                    "reward": sample.reward, "resolved": sample.resolved, "model_calls": sample.calls, "sampled_tokens": sample.trained_tokens,
                     "environment_tokens": len(sample.env_mask) - sample.trained_tokens if sample.calls else 0,
                     "notes": sample.notes})
                 if sample.reward is None:

@@ -35,6 +35,7 @@ class RolloutSample:
     calls: int = 0
     drift: str | None = None
     notes: list[str] = field(default_factory=list)
+    resolved: bool | None = None  # at the suite's pass threshold; the reward is the grader's score either way
 
     @property
     def trained_tokens(self) -> int:
@@ -68,8 +69,10 @@ def is_infrastructure_error(trajectory: Trajectory) -> bool:
 
 
 def reward_of(trajectory: Trajectory) -> float | None:
-    """The grader's reward (resolved = 1); 0 for a policy the deadline stopped; None for an infrastructure
-    error."""
+    """The grader's reward as it gave it — a Claw task's continuous score (safety × (0.8 completion + 0.2
+    robustness)), a claw-bench task's share of checks passed — not a 0/1 at the pass threshold; 1 or 0 by
+    `resolved` only where the grader gives no reward. 0 for a policy the deadline stopped; None for an
+    infrastructure error."""
     if ran_out_of_time(trajectory):
         return 0.0
     if is_infrastructure_error(trajectory):
@@ -131,4 +134,5 @@ def rollout_sample(trajectory: Trajectory, pad_id: int) -> RolloutSample:
     except NoTokenRecords as exc:
         return placeholder(pad_id, **key, note=f"masked: {exc}")
     return RolloutSample(prompt_ids=prompt, completion_ids=completion, logprobs=logprobs, env_mask=mask,
-                         reward=reward, calls=used, drift=drift, **key)
+                         reward=reward, calls=used, drift=drift,
+                         resolved=trajectory.outcome.resolved if trajectory.outcome is not None else None, **key)

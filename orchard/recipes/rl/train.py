@@ -112,6 +112,15 @@ def load_policy_model(name: str, *, seed: int = 0) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def positives_at(bar: BarConfig, pass_threshold: float) -> BarConfig:
+    """BAR's settings with a positive rollout being a resolved one, at the suite's pass threshold (Claw's 0.75:
+    a partial score of 0.6 is not a success there), unless the config names `positive_threshold` itself.
+    On a suite of 0/1 rewards (threshold 1) this is what the default 0.5 already did."""
+    if "positive_threshold" in bar.model_fields_set:
+        return bar
+    return bar.model_copy(update={"positive_threshold": pass_threshold})
+
+
 def _marking_guided(guide: Any, on_step: Callable[[StepReport], None] | None) -> Callable[[StepReport], None]:
     """Each rollout of the step's report says whether the guide played it (`behaviour`)."""
     def marked(report: StepReport) -> None:
@@ -172,13 +181,14 @@ def train_rl(config: RLConfig, *, forced: Forced | None = None, on_step: Callabl
         vllm_importance_sampling_mode="token_truncate",
         vllm_importance_sampling_clip_max=config.importance_sampling_cap)
     dataset = Dataset.from_list([{"prompt": task_id} for task_id in tasks])
+    bar = positives_at(config.bar, suite.pass_threshold)
     try:
         with RolloutEnv(policy, harness=config.harness, harness_options=config.harness_options, sampling=sampling,
-                        parallel=config.parallel, route=config.policy_route,
+                        parallel=config.parallel, route=config.policy_route, pass_threshold=suite.pass_threshold,
                         timeouts=TrialTimeouts(agent_s=config.agent_timeout_s,
                                                trial_s=config.agent_timeout_s + 1200)) as env:
             rollout_func = BarRolloutFunc(env=env, tasks=tasks, pad_id=tokenizer.pad_token_id,
-                                          strategy=config.strategy, bar=config.bar, on_step=on_step,
+                                          strategy=config.strategy, bar=bar, on_step=on_step,
                                           guided=(lambda key: guide.role(key) == GUIDED) if guide else None)
             trainer = OrchardGRPOTrainer(model=model, reward_funcs=[orchard_reward], args=args, train_dataset=dataset,
                                          processing_class=tokenizer, rollout_func=rollout_func,
