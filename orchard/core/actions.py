@@ -12,6 +12,7 @@ recorded it.
 | `Edits`   | several replacements in turn, each of the first occurrence or of all; fails when none changed |
 | `Insert`  | inserts lines after line N of a file (0: at the top)                                           |
 | `Submit`  | ends the run (the harness's submit tool, command or final reply)                               |
+| `McpCall` | calls a tool of one of the task's MCP servers with its JSON arguments                          |
 
 Each has a shell form that does the same thing (orchard/util/shell_forms.py), for harnesses whose tools
 cannot express it directly. A call that no action expresses is refused (`UntranslatableCall`), never
@@ -82,7 +83,18 @@ class Submit:
     summary: str | None = None
 
 
-Action = Union[Shell, View, Create, Replace, Edits, Insert, Submit]
+@dataclass(frozen=True)
+class McpCall:
+    """A tool of one of the task's MCP servers (docs/tools-mcp.md): react and ZeroClaw offer it as the function
+    tool `<server>__<tool>`, a shell as `mcp-call SERVER TOOL '<arguments>'`. The Claw world's actions are such
+    calls; a translation that dropped them would train on a run without its work."""
+
+    server: str
+    tool: str
+    arguments: str  # the JSON object as the model wrote it (text: the action stays hashable)
+
+
+Action = Union[Shell, View, Create, Replace, Edits, Insert, Submit, McpCall]
 
 
 def new_file_in_workdir(action: Create, workdir: str) -> bool:

@@ -13,6 +13,8 @@ harnesses whose tools cannot express it (a harness with only a shell writes all 
 | Insert  | a python3 script inserting the lines after line N                                             |
 | Submit  | `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` (the submit convention of the oracle and of        |
 |         | harnesses without a submit tool)                                                              |
+| McpCall | `/tmp/.orchard-mcp/mcp-call SERVER TOOL '<arguments>'`, the MCP client every sandbox of a task   |
+|         | with MCP servers has (orchard/harnesses/mcp/install.py)                                       |
 
 The scripts read and write bytes as they are (no newline translation, undecodable bytes kept)."""
 
@@ -21,7 +23,8 @@ from __future__ import annotations
 import posixpath
 import shlex
 
-from orchard.core.actions import Action, Create, Edits, Insert, Replace, Shell, Submit, View
+from orchard.core.actions import Action, Create, Edits, Insert, McpCall, Replace, Shell, Submit, View
+from orchard.harnesses.mcp.install import MCP_CALL_PATH
 
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 # a directory's listing: its entries two levels deep, hidden ones pruned below it
@@ -39,6 +42,8 @@ def shell_command(action: Action) -> str:
         return action.command
     if isinstance(action, Submit):
         return SUBMIT_COMMAND
+    if isinstance(action, McpCall):
+        return f"{MCP_CALL_PATH} {shlex.quote(action.server)} {shlex.quote(action.tool)} {shlex.quote(action.arguments)}"
     path = shlex.quote(action.path)
     if isinstance(action, View):
         if action.is_dir:

@@ -11,7 +11,7 @@ import json
 import pytest
 from zeroclaw_rig import orchard, scripted_model, trajectories
 
-from orchard.core.actions import (Create, Edits, Insert, Replace, Shell, Submit, UnreplayableCall,
+from orchard.core.actions import (Create, Edits, Insert, McpCall, Replace, Shell, Submit, UnreplayableCall,
                                   UntranslatableCall, View)
 from orchard.core.dialect import Observed, dialect_harnesses, harness_dialect
 from orchard.core.trajectory import Agent, Observation, ObservationResult, Step, ToolCall, Trajectory
@@ -52,14 +52,22 @@ def test_each_action_is_one_of_its_calls_and_reads_back_the_same(action, written
 
 
 @pytest.mark.parametrize("action", [View("pkg", is_dir=True), Create("a.txt", "more\n", append=True),
-                                    Edits("a.py", (("a", "b", True),)), Insert("a.py", 2, "x\n")])
+                                    Edits("a.py", (("a", "b", True),)), Insert("a.py", 2, "x\n"),
+                                    McpCall("mail", "reply", '{"message_id": "m1", "body": "Yes."}')])
 def test_what_its_tools_cannot_express_goes_through_its_shell(action):
     assert dialect().write_call(action, "/testbed") == ("shell", {"command": shell_command(action)})
 
 
+def test_its_mcp_tools_are_mcp_calls_which_it_writes_as_mcp_call_commands():
+    call = dialect().read_call("mail__reply", {"message_id": "m1", "body": "Yes, it's approved."}, "")
+    assert call == McpCall("mail", "reply", '{"message_id": "m1", "body": "Yes, it\'s approved."}')
+    assert dialect().write_call(call, "/testbed") == ("shell", {"command": (
+        "/tmp/.orchard-mcp/mcp-call mail reply '{\"message_id\": \"m1\", \"body\": \"Yes, it'\"'\"'s approved.\"}'")})
+
+
 def test_a_reply_ends_its_run_and_its_other_tools_have_no_action():
     assert dialect().write_call(Submit("done"), "/testbed") is None
-    for name in ("glob_search", "content_search", "memory_store", "TodoWrite", "delegate", "notes__add_note"):
+    for name in ("glob_search", "content_search", "memory_store", "TodoWrite", "delegate"):
         with pytest.raises(UntranslatableCall, match=f"zeroclaw's tool '{name}' has no equivalent"):
             dialect().read_call(name, {"pattern": "x"}, "")
     with pytest.raises(UntranslatableCall, match="invalid arguments"):

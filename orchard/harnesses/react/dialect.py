@@ -17,13 +17,15 @@ lines; a reply without a tool call gets the harness's reminder. The replay runs 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
-from orchard.core.actions import Action, Create, Replace, Shell, Submit, UntranslatableCall, View
+from orchard.core.actions import Action, Create, McpCall, Replace, Shell, Submit, UntranslatableCall, View
 from orchard.core.dialect import Observed, ReplayedCall, TaskText, first_user_message, observation_text
 from orchard.core.sandbox import Sandbox
 from orchard.core.trajectory import ObservationResult, ToolCall, Trajectory
+from orchard.harnesses.mcp.toolset import SEPARATOR as MCP_SEPARATOR
 from orchard.harnesses.react.config import ReActConfig
 from orchard.harnesses.react.prompts import render
 from orchard.harnesses.react.tools import TOOL_DEFINITIONS, SandboxTools, truncate_middle
@@ -61,6 +63,9 @@ class ReactDialect(TemplatedDialect):
                 return Replace(arguments["path"], arguments["old_str"], arguments["new_str"])
             if name == "submit":
                 return Submit(arguments.get("summary"))
+            server, separator, tool = name.partition(MCP_SEPARATOR)
+            if separator and server and tool:  # a task's MCP tool, as react offers it (docs/tools-mcp.md)
+                return McpCall(server, tool, json.dumps(arguments))
         except (KeyError, TypeError):
             raise UntranslatableCall(f"react call {name} has invalid arguments {arguments!r}") from None
         raise UntranslatableCall(f"react has no tool {name!r}")

@@ -12,9 +12,11 @@ failed rollouts, through this.
 | Edits   | `shell` with a python3 script                                                              |
 | Insert  | `shell` with a python3 script                                                              |
 | Submit  | a reply without tool calls (ZeroClaw's turn ends there)                                    |
+| McpCall | `shell` with `mcp-call SERVER TOOL '<arguments>'` (the translated prompt lists no MCP tools); |
+|         | its own `<server>__<tool>` calls read as McpCall                                           |
 
-`glob_search`, `content_search`, the memory tools, `TodoWrite`, `delegate` and a task's MCP tools have no
-action (`UntranslatableCall`). A result is the tool's output (`(no output)` when empty) or `Error: <reason>`;
+`glob_search`, `content_search`, the memory tools, `TodoWrite` and `delegate` have no action
+(`UntranslatableCall`). A result is the tool's output (`(no output)` when empty) or `Error: <reason>`;
 a shell failure shows no exit code (ZeroClaw's does not), so it is read back as exit code 1.
 
 **Replay.** Each recorded call runs again with the profile's tools (profile/tools.py), as the profile ran it;
@@ -24,12 +26,15 @@ its effect is on the task's services, which a replay does not repeat."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from orchard.core.actions import Action, Create, Replace, Shell, Submit, UnreplayableCall, UntranslatableCall, View
+from orchard.core.actions import (Action, Create, McpCall, Replace, Shell, Submit, UnreplayableCall, UntranslatableCall,
+                                  View)
 from orchard.core.dialect import Observed, ReplayedCall, TaskText, first_user_message, observation_text
 from orchard.core.sandbox import Sandbox
 from orchard.core.trajectory import ObservationResult, ToolCall, Trajectory
+from orchard.harnesses.mcp.toolset import SEPARATOR as MCP_SEPARATOR
 from orchard.util.shell_forms import shell_command
 
 from orchard_zeroclaw.profile.config import ProfileConfig
@@ -70,6 +75,9 @@ class ZeroClawDialect:
             if name == "file_edit":
                 return Replace(_text(arguments["path"]), _text(arguments["old_string"]),
                                _text(arguments["new_string"]))
+            server, separator, tool = name.partition(MCP_SEPARATOR)
+            if separator and server and tool:  # a task's MCP tool, as ZeroClaw names it
+                return McpCall(server, tool, json.dumps(arguments))
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, UntranslatableCall):
                 raise
