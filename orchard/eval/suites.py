@@ -34,6 +34,7 @@ from orchard.core.task import SWEBENCH_WORKDIR, SWEBenchInstance, Task, TaskEnvi
 from orchard.core.task_suite import MANIFEST_FILE, TASKS_FILE, TaskSuite
 from orchard.eval.dialects import holds_task_dirs, load_task_dirs
 from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE
+from orchard.eval.dialects.claw_eval import PASS_THRESHOLD as CLAW_EVAL_PASS_THRESHOLD
 from orchard.eval.dialects.common import dir_files
 from orchard.eval.dialects.tau2_bench import is_tau2_domain_dir, load_tau2_suite
 from orchard.eval.load_errors import LOAD_ERROR_KEY
@@ -108,13 +109,16 @@ def load_task_dir_suite(directory: Path) -> TaskSuite:
     name, description, threshold = _manifest_fields(directory)
     packaged = packaged_suite_of(directory)
     if packaged is not None and not (directory / MANIFEST_FILE).is_file():
-        name = packaged.name
+        name, threshold = packaged.name, packaged.pass_threshold
         description = f"{packaged.description}; {packaged.distribution} {installed_version(packaged)}, {directory}"
     image = _manifest_data(directory).get("claw_bench_image", DEFAULT_IMAGE)
     if not isinstance(image, str) or not image.strip():
         raise InvalidRequest(f"{directory / MANIFEST_FILE}: claw_bench_image must be an image name, got {image!r}")
-    return TaskSuite(name=name, description=description, pass_threshold=threshold,
-                     tasks=load_task_dirs(directory, claw_bench_image=image))
+    tasks = load_task_dirs(directory, claw_bench_image=image)
+    if "pass_threshold" not in _manifest_data(directory) and tasks and all(
+            task.metadata.get("dialect") == "claw-eval" for task in tasks):
+        threshold = CLAW_EVAL_PASS_THRESHOLD  # Claw-Eval's tasks pass as Claw-Eval passes them
+    return TaskSuite(name=name, description=description, pass_threshold=threshold, tasks=tasks)
 
 
 def _tau2_suite(directory: Path) -> TaskSuite:

@@ -49,6 +49,7 @@ from orchard.core.sandbox import Sandbox, SandboxFactory, StartupTimings
 from orchard.core.task import ScriptGrader, ServicesGrader, SWETestsGrader, Task
 from orchard.core.trajectory import Agent, FinalMetrics, LLMCall, Outcome, Trajectory
 from orchard.eval.checkpoint import INTERRUPTED_PHASE, TrialCheckpoint, write_checkpoint
+from orchard.eval.final_text import final_text
 from orchard.eval.grading import grade_script, grade_swe_patch
 from orchard.eval.in_sandbox import inside_model, sandbox_overrides
 from orchard.eval.native_logs import keep_native_logs
@@ -323,7 +324,10 @@ class Trial:
         elif isinstance(grader, ServicesGrader):
             trajectory.outcome = await self._phase("verify", self.rig.timeouts.verify_s,
                                                    lambda: grade_services(sandbox, self.task,
-                                                                          pass_threshold=self.rig.pass_threshold),
+                                                                          pass_threshold=self.rig.pass_threshold,
+                                                                          final_text=final_text(trajectory),
+                                                                          gateway=self.rig.gateway,
+                                                                          rollout_key=self.key),
                                                    on_error=grader_status)
         cpu_after = await _cpu_seconds(sandbox)
         if cpu_before is not None and cpu_after is not None:

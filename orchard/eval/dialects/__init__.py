@@ -8,7 +8,10 @@
 - Orchard's own (orchard_dir.py): `task.json`, an Orchard task (services, MCP tools, any grader), with its
   `files/` and `solution/solve.sh` beside it;
 - Claw's (claw_world.py): `claw.json`, a task acting on the Claw world's services (mail, calendar, contacts,
-  notes, todo) with their seeds, faults and state checks (docs/claw.md).
+  notes, todo) with their seeds, faults and state checks (docs/claw.md);
+- Claw-Eval's (claw_eval.py): `task.yaml` (or clawbench-eval's `task.json` carrying one): services with a
+  health check and a reset endpoint, tools mapped to service endpoints, scoring from the audit and the
+  agent's final text, a judge rubric (docs/claw.md, "Claw-Eval tasks").
 
 Task directories may be grouped one level down, as claw-bench keeps its own (`tasks/<domain>/<task>/`): a
 subdirectory that is not a task directory is read as a group of them (one whose name starts with `_` or `.`,
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from orchard.core.task import Task
 from orchard.eval.dialects.claw_bench import DEFAULT_IMAGE, claw_bench_task, is_claw_bench_dir
+from orchard.eval.dialects.claw_eval import claw_eval_task, is_claw_eval_dir
 from orchard.eval.dialects.claw_world import claw_dir_task, is_claw_dir
 from orchard.eval.dialects.common import TASK_TOML, TaskDirError
 from orchard.eval.dialects.harbor import harbor_task
@@ -32,13 +36,13 @@ from orchard.eval.load_errors import unrunnable_task
 
 def is_task_dir(directory: Path) -> bool:
     return directory.is_dir() and ((directory / TASK_TOML).is_file() or is_orchard_dir(directory)
-                                   or is_claw_dir(directory))
+                                   or is_claw_dir(directory) or is_claw_eval_dir(directory))
 
 
 def task_dirs(directory: Path) -> list[Path]:
-    """The task directories under `directory` (those with a task.toml, task.json or claw.json), by name: its
-    subdirectories, or for one that is not a task directory (a group, e.g. claw-bench's domains), those
-    directly under it."""
+    """The task directories under `directory` (those with a task.toml, task.json, claw.json or task.yaml), by
+    name: its subdirectories, or for one that is not a task directory (a group, e.g. claw-bench's domains),
+    those directly under it."""
     found: list[Path] = []
     for child in sorted(directory.iterdir()):
         if is_task_dir(child):
@@ -59,6 +63,8 @@ def load_task_dir(directory: Path, *, claw_bench_image: str = DEFAULT_IMAGE) -> 
     try:
         if is_claw_dir(directory):
             return claw_dir_task(directory)
+        if is_claw_eval_dir(directory):  # before Orchard's task.json: clawbench-eval's is a task.json too
+            return claw_eval_task(directory)
         if is_orchard_dir(directory):
             return orchard_dir_task(directory)
         if is_claw_bench_dir(directory):

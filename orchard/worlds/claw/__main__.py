@@ -3,6 +3,9 @@
     serve NAME --port N [--smtp-port M] [--seed FILE]   a service (in its state directory; seed.json there)
     mcp NAME URL                                        the service's tools over MCP (stdio), calling URL
     grade                                               the grader: checks from stdin, the score last
+    mcp-endpoints NAME TOOLS                            a task's declared tools over MCP, each calling its
+                                                        endpoint (Claw-Eval's tool_endpoints; endpoints.py)
+    grade-claw-eval                                     a Claw-Eval task's grader: its scoring from stdin
 
 A seed or fault plan that cannot be used ends `serve` at once with exit status 2 and the reason on stderr
 (the trial's environment error quotes it)."""
@@ -13,7 +16,9 @@ import sys
 
 USAGE = """usage: python -m orchard.worlds.claw serve NAME --port N [--smtp-port M] [--seed FILE]
        python -m orchard.worlds.claw mcp NAME URL
-       python -m orchard.worlds.claw grade < checks.json"""
+       python -m orchard.worlds.claw grade < checks.json
+       python -m orchard.worlds.claw mcp-endpoints NAME TOOLS_BASE64
+       python -m orchard.worlds.claw grade-claw-eval < scoring.json"""
 
 
 def main(argv: list | None = None) -> int:
@@ -30,6 +35,12 @@ def main(argv: list | None = None) -> int:
         if command == "grade" and not args:
             from .grade import main as grade
             return grade(sys.stdin.read())
+        if command == "mcp-endpoints" and len(args) == 2:
+            from .endpoints import run as run_endpoints
+            return run_endpoints(args[0], args[1])
+        if command == "grade-claw-eval" and not args:
+            from .eval_grade import main as grade_claw_eval
+            return grade_claw_eval(sys.stdin.read())
     except (KeyError, ValueError) as exc:
         print(f"{USAGE}\n{exc or 'missing --port'}", file=sys.stderr)
         return 2

@@ -59,9 +59,10 @@ class Relay:
         raise LookupError(method)
 
 
-def run(name: str, url: str, stdin=None, stdout=None) -> int:
+def run(name: str, url: str, stdin=None, stdout=None, relay: Relay | None = None) -> int:
+    """Serve MCP on stdin/stdout with `relay` (default: the Claw service at `url`'s)."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
-    relay = Relay(name, url)
+    relay = relay or Relay(name, url)
     for line in stdin:
         line = line.strip()
         if not line:
