@@ -93,8 +93,8 @@ GOOD = {"id": "x", "user_scenario": {"instructions": {"domain": "airline", "reas
     (lambda t: t["evaluation_criteria"]["actions"][0].pop("name"),
      "tau2 task #0 (id x): evaluation_criteria.actions.0.name: Field required"),
     (lambda t: t["evaluation_criteria"]["actions"][0].update(name="cancel_flight"),
-     "tau2 task x: evaluation_criteria.actions[0].name: 'cancel_flight' is no tool of the airline domain (its "
-     "tools: book_reservation, calculate, cancel_reservation,"),
+     ("tau2 task x: evaluation_criteria.actions[0].name: 'cancel_flight' is no tool of the airline domain (its "
+      "tools: book_reservation, calculate, cancel_reservation,")),
     (lambda t: t["evaluation_criteria"].update(reward_basis=["DB", "NL_ASSERTION"]),
      "tau2 task x: evaluation_criteria.reward_basis: NL_ASSERTION is not graded by Orchard"),
     (lambda t: t.update(initial_state={"initialization_actions": []}), "tau2 task x: initial_state: a task that "),
@@ -129,6 +129,7 @@ def test_the_gold_replay_grades_the_database_and_a_wrong_action_fails_it(tmp_pat
     gold = raw_tasks()["2"]["evaluation_criteria"]["actions"]  # lookups, then a $50 certificate
     service = Tau2Domain({"domain": "airline"}, state_dir=str(tmp_path))
     service.save()  # as `serve` does before it listens
+    fresh = service.environment.get_db_hash()
     criteria = {"domain": "airline", "service": "airline", "user_service": "user", "reward_basis": ["DB"],
                 "actions": [{"name": a["name"], "arguments": a["arguments"]} for a in gold]}
     environ = {"ORCHARD_SERVICE_AIRLINE_STATE": str(tmp_path)}
@@ -138,13 +139,17 @@ def test_the_gold_replay_grades_the_database_and_a_wrong_action_fails_it(tmp_pat
     reward, lines = grade(criteria, environ)
     assert reward == 1.0 and lines[0].startswith("PASS  DB: the database after the agent matches"), lines
     # tau2's refusals: a 400 with its message, audited, the database unchanged
+    solved = service.environment.get_db_hash()
     status, answer = service.call("cancel_reservation", {"reservation_id": "NOSUCH"})
     assert (status, answer) == (400, {"error": "Reservation NOSUCH not found"})
-    assert service.call("book_flight", {})[0] == 404 and service.calls[-1]["status"] == 400
-    assert grade(criteria, environ)[0] == 1.0
+    assert (service.calls[-1]["action"], service.calls[-1]["status"]) == ("cancel_reservation", 400)
+    assert service.call("book_flight", {})[0] == 404  # no such tool
+    assert service.environment.get_db_hash() == solved
     assert service.call("send_certificate", {"user_id": "noah_muller_9847", "amount": 100})[0] == 200
     reward, lines = grade(criteria, environ)
     assert reward == 0.0 and lines[0].startswith("FAIL  DB: the database after the agent differs"), lines
+    service.reset()  # a fresh database, the audit emptied
+    assert not service.calls and service.environment.get_db_hash() == fresh
 
 
 def test_communicate_is_taus_substring_rule_with_commas_dropped():

@@ -34,7 +34,8 @@ def load_tau2_tasks(directory: Path) -> list[Task]:
 
     domain = directory.name
     if domain not in DOMAINS:
-        raise InvalidRequest(f"{directory}: tau2-bench domain {domain!r} is not one Orchard runs ({', '.join(DOMAINS)})")
+        raise InvalidRequest(f"{directory}: tau2-bench domain {domain!r} is not one Orchard runs "
+                             f"({', '.join(DOMAINS)})")
     policy = (directory / "policy.md").read_text(encoding="utf-8")
     try:
         entries = json.loads((directory / "tasks.json").read_text(encoding="utf-8"))

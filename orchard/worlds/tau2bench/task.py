@@ -149,8 +149,9 @@ def instruction(policy: str, domain: str) -> str:
 def reference_solution(task: Tau2Task, domain: str) -> str:
     """The oracle's shell command: greet, replay the gold actions through the tools (a gold action that fails is
     gone on from, as tau2's replay does), tell the customer the communicate_info."""
-    call = lambda service, tool, arguments: (  # noqa: E731
-        f"{MCP_CALL} {service} {tool} {shlex.quote(json.dumps(arguments))}")
+    def call(service: str, tool: str, arguments: dict) -> str:
+        return f"{MCP_CALL} {service} {tool} {shlex.quote(json.dumps(arguments))}"
+
     lines = [call("user", "message_user", {"text": GREETING})]
     lines += [call(domain, action.name, action.arguments) for action in task.evaluation_criteria.actions or []]
     info = task.evaluation_criteria.communicate_info or []
