@@ -233,8 +233,8 @@ def claw_eval_task(directory: Path, *, services_dir: Path | None = None, judge_m
             "reset_endpoints": {s.name: s.reset_endpoint for s in spec.services if s.reset_endpoint},
             "tools": [t.name for t in spec.tools], "needs_judge": spec.needs_judge, "judge_model": judge_model,
             "needs_internet": bool(live), "max_turns": spec.environment.max_turns,
-            "scoring_components": [c.name for c in spec.scoring_components],
-            "reference_solution_text": spec.reference_solution}
+            "scoring_components": [c.name for c in spec.scoring_components]}
+    # Not kept: the reference_solution (prose naming the steps) and the rubric — harnesses see the metadata.
     metadata: dict[str, Any] = {"dialect": "claw-eval", "claw_eval": info}
     if problems:
         metadata[LOAD_ERROR_KEY] = f"task {spec.task_id}: not runnable here: " + "; ".join(problems)
