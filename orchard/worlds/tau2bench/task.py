@@ -16,6 +16,8 @@ basis Orchard cannot grade is a Tau2TaskError naming the task and the field. Run
 
 from __future__ import annotations
 
+import compileall
+import functools
 import json
 import shlex
 import textwrap
@@ -160,10 +162,17 @@ def reference_solution(task: Tau2Task, domain: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.cache
+def compiled_here() -> bool:
+    """This package byte-compiled beside its sources, once per process (the sandbox sees it read-only)."""
+    return compileall.compile_dir(str(RUN_PY.parent), quiet=2, workers=1)
+
+
 def tau2_task(raw: Any, *, domain: str, policy: str, index: int = 0) -> Task:
     """The Orchard Task of one tasks.json entry; a Tau2TaskError naming the task and field if it cannot run."""
     task = read_task(raw, domain, index)
     compiled()  # the Claw world's modules, byte-compiled for the user service and the MCP proxies
+    compiled_here()
     criteria = task.evaluation_criteria
     domain_seed_dir, user_seed_dir = f"{DOMAIN_SEED_DIR}/{domain}", f"{SEED_ROOT}/user"
     user_seed = {"persona": persona(task.user_scenario),
