@@ -264,6 +264,30 @@ def test_a_task_of_its_own_maps_services_tools_and_grading(tmp_path, claw_eval_e
     assert task.metadata["claw_eval"]["needs_judge"] is False and task.grader.judge is None
 
 
+def test_claw_evals_other_task_shapes_a_shell_tool_llm_judge_components_and_a_simulated_user(tmp_path,
+                                                                                              claw_eval_env):
+    """As Claw-Eval's coding and consulting tasks have them: a Bash tool with no endpoint (the harness's shell),
+    `llm_judge` components (the judge's share of the completion), a `user_agent` (not imported)."""
+    task_dir = write_task(tmp_path)
+    text = TASK_YAML.replace("tools:\n", "tools:\n  - {name: Bash, description: Run a command}\n", 1)
+    text = text.replace("safety_checks:", "  - {name: advice, weight: 0.5, check: {type: llm_judge, description: "
+                                          "the advice is sound}}\nsafety_checks:", 1)
+    (task_dir / "task.yaml").write_text(text)
+    task = claw_eval_task(task_dir, judge_model="judge")
+    assert LOAD_ERROR_KEY not in task.metadata
+    assert task.grader.judge.weight == pytest.approx(0.5 / 1.5)
+    assert task.grader.judge.rubric == "- advice (weight 0.5): the advice is sound"
+    scoring = json.loads(task.grader.script.split("\n")[1])
+    assert [c["name"] for c in scoring["components"]] == ["looked_first", "created", "answered"]
+    (task_dir / "task.yaml").write_text(text.replace("  - {name: Bash, description: Run a command}\n",
+                                                     "  - {name: calculator, description: Compute}\n")
+                                        + "user_agent: {enabled: true, persona: a shop owner}\n")
+    problem = claw_eval_task(task_dir, judge_model="judge").metadata[LOAD_ERROR_KEY]
+    assert problem == ("task T900_todo_passport: not runnable here: tool calculator has no entry in tool_endpoints "
+                       "(the URL it calls) and is not a shell the harness provides; its user_agent (a simulated "
+                       "user, several turns) is not imported")
+
+
 # --- end to end ---------------------------------------------------------------------------------------------------
 
 class _StandInJudge(BaseHTTPRequestHandler):

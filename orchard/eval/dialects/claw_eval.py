@@ -39,7 +39,7 @@ from orchard.core.errors import describe_validation_errors
 from orchard.core.sandbox import NetworkPolicy
 from orchard.core.task import (RubricJudge, ServicesGrader, Task, TaskEnvironment, TaskFile, TaskMCPServer,
                                TaskService)
-from orchard.eval.dialects.claw_eval_spec import ClawEvalTaskSpec, Service
+from orchard.eval.dialects.claw_eval_spec import JUDGE_CHECK, ClawEvalTaskSpec, Service
 from orchard.eval.dialects.common import TaskDirError, dir_files, read_text, unpack_command
 from orchard.eval.load_errors import LOAD_ERROR_KEY
 from orchard.worlds.claw.endpoints import encode_tools
@@ -193,7 +193,7 @@ def grading(spec: ClawEvalTaskSpec) -> dict[str, Any]:
     return {"audits": {s.name: s.audit_url() for s in spec.services if s.name in used},
             "tools": {e.tool_name: {"path": urlsplit(e.url).path} for e in spec.tool_endpoints},
             "components": [{"name": c.name, "weight": c.weight, "check": c.check.model_dump(exclude_none=True)}
-                           for c in spec.scoring_components],
+                           for c in spec.scoring_components if c.check.type != JUDGE_CHECK],
             "safety": [{"tool_name": s.tool_name, "description": s.description} for s in spec.safety_checks]}
 
 
@@ -221,11 +221,18 @@ def claw_eval_task(directory: Path, *, services_dir: Path | None = None, judge_m
     if spec.needs_judge and not judge_model:
         problems.append("its score has a judge_rubric part, which only an LLM judge can give: pass --judge-model "
                         "NAME")
+    unserved = spec.unserved_tools()
+    if unserved:
+        problems.append(f"tool {', '.join(unserved)} has no entry in tool_endpoints (the URL it calls) and is not "
+                        "a shell the harness provides")
+    if getattr(spec, "user_agent", None):
+        problems.append("its user_agent (a simulated user, several turns) is not imported")
     files = _placed(spec, root, directory) if root is not None else []
     reference = None
     if (directory / SOLVE_SH).is_file():
         reference = unpack_command(directory, ["solution"], f'sh "$ORCHARD_TASK_DIR/{SOLVE_SH}"')
-    judge = RubricJudge(model=judge_model, rubric=spec.judge_rubric) if spec.needs_judge and judge_model else None
+    judge = (RubricJudge(model=judge_model, rubric=spec.judge_rubric_text(), weight=spec.judge_weight())
+             if spec.needs_judge and judge_model else None)
     grader = ServicesGrader(script=grade_script(spec), reward="stdout", timeout_s=120, final_text=True, judge=judge,
                             reference_solution=reference)
     info = {"task_name": spec.task_name, "category": spec.category, "difficulty": spec.difficulty,

@@ -15,7 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # Check types Orchard evaluates from the agent's final text and the services' audit (eval_grade.py).
 TEXT_CHECKS = ("keywords_present", "keywords_absent", "min_length")
 AUDIT_CHECKS = ("tool_called", "tool_not_called")
-CHECK_TYPES = TEXT_CHECKS + AUDIT_CHECKS
+JUDGE_CHECK = "llm_judge"  # scored by the judge model (its weight is the judge's share of the completion)
+CHECK_TYPES = TEXT_CHECKS + AUDIT_CHECKS + (JUDGE_CHECK,)
+# Tools a task declares without an endpoint that Claw-Eval's own harness runs in its sandbox: in Orchard the
+# harness's own shell is that tool.
+SANDBOX_TOOLS = ("Bash", "bash", "shell")
 
 
 class _Open(BaseModel):
@@ -97,6 +101,7 @@ class Check(_Open):
     """One deterministic check: `type` says which, the other keys are its arguments."""
 
     type: str
+    description: str = ""
     keywords: list[str] | None = None
     field: str = "final_text"
     min_length: int | None = Field(default=None, ge=0)
@@ -167,10 +172,6 @@ class ClawEvalTaskSpec(_Open):
             if endpoint.tool_name not in tools:
                 raise ValueError(f"tool_endpoints[{index}]: tool_name {endpoint.tool_name!r} is not a declared tool "
                                  f"(tools: {', '.join(tools) or 'none'})")
-        mapped = [endpoint.tool_name for endpoint in self.tool_endpoints]
-        unmapped = [name for name in tools if name not in mapped]
-        if unmapped:
-            raise ValueError(f"tools: {', '.join(unmapped)} has no entry in tool_endpoints (the URL it calls)")
         names = [service.name for service in self.services]
         if len(set(names)) != len(names):
             raise ValueError(f"services: a service name is used twice ({', '.join(sorted(names))})")
@@ -190,9 +191,34 @@ class ClawEvalTaskSpec(_Open):
         return self
 
     @property
+    def judge_components(self) -> list[ScoringComponent]:
+        return [c for c in self.scoring_components if c.check.type == JUDGE_CHECK]
+
+    @property
     def needs_judge(self) -> bool:
-        """Its score has a part only an LLM judge can give (its judge_rubric)."""
-        return bool(self.judge_rubric and self.judge_rubric.strip())
+        """Its score has a part only an LLM judge can give (its judge_rubric, or llm_judge components)."""
+        return bool(self.judge_rubric and self.judge_rubric.strip()) or bool(self.judge_components)
+
+    def judge_weight(self) -> float:
+        """The judge's share of the completion: its llm_judge components' share of the weights; with only a
+        judge_rubric, half (task.yaml gives no weight: Orchard's choice); 1 when nothing else scores."""
+        total = sum(c.weight for c in self.scoring_components)
+        judged = sum(c.weight for c in self.judge_components)
+        if judged:
+            return judged / total
+        return 0.5 if self.scoring_components else 1.0
+
+    def judge_rubric_text(self) -> str:
+        """What the judge is asked to score: the rubric and each llm_judge component's description."""
+        parts = [self.judge_rubric.strip()] if self.judge_rubric and self.judge_rubric.strip() else []
+        parts += [f"- {c.name} (weight {c.weight:g}): {c.check.description}".rstrip(": ")
+                  for c in self.judge_components]
+        return "\n".join(parts)
+
+    def unserved_tools(self) -> list[str]:
+        """Declared tools with no endpoint that no harness shell stands for."""
+        mapped = {endpoint.tool_name for endpoint in self.tool_endpoints}
+        return [t.name for t in self.tools if t.name not in mapped and t.name not in SANDBOX_TOOLS]
 
     def service_of(self, endpoint: ToolEndpoint) -> Service:
         port = urlsplit(endpoint.url).port
