@@ -26,7 +26,9 @@ def report(
     cell per configuration — runs of the same configuration together, a task's rollouts its attempts: tasks,
     attempts per task, the resolve rate (the mean over tasks of each task's resolved ÷ attempts) with its 95%
     Wilson score interval (the tasks the sample), pass@k and pass^k when tasks have several attempts, errors
-    and tasks not run apart (they are not attempts), and steps, tokens and wall time per attempt. The HTML
+    and tasks not run apart (they are not attempts), and steps, tokens and wall time per attempt. Then the
+    matrix per domain (swe, claw, ...): each harness × model over a domain's tasks of every suite it ran, with
+    pass@k and pass^k. The HTML
     page adds pass@k and pass^k per task, each run's summary and every task's trajectory (steps, tool calls,
     observations, errors). No external assets: the file stands alone."""
     from orchard.eval.report import load_runs, unrun_cells, write_report
@@ -55,8 +57,9 @@ def print_runs(loaded) -> None:
 
 
 def print_matrix(loaded, unrun) -> None:
+    from orchard.eval.domains import domain_rows
     from orchard.eval.matrix import matrix_rows
-    from orchard.eval.summary import matrix_table
+    from orchard.eval.summary import domain_table, matrix_table
 
     console = _console()
     rows = matrix_rows([run.results for run in loaded])
@@ -69,6 +72,12 @@ def print_matrix(loaded, unrun) -> None:
                       "unbiased, the mean over tasks (n/a: a task has fewer than k attempts); errors are not "
                       "attempts; Δ: paired over the tasks both harnesses attempted (percentile bootstrap, "
                       "seeded)", style="dim")
+    by_domain = domain_rows([run.results for run in loaded])
+    if by_domain:
+        console.print(domain_table(by_domain))
+        console.print("a row pools one domain's tasks (swe, claw, ...: orchard.eval.domains) over the suites "
+                      "each harness ran with each model, each task resolved at its suite's pass threshold; pass@k / pass^k: "
+                      "at least one / all of k attempts resolve, the mean over the domain's tasks", style="dim")
     for cell in unrun:
         what = f"did not run: {cell.error}" if cell.error else "not run yet"
         console.print(f"[yellow]{escape(cell.harness)} × {escape(cell.model)} {escape(what)}[/]")

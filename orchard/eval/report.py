@@ -21,6 +21,7 @@ from orchard.core.atomic_write import atomic_write_text
 from orchard.core.errors import InvalidRequest, NotFound
 from orchard.core.trajectory import Content, Trajectory
 from orchard.eval.cells import harness_options_text, model_settings_text, suite_key, suite_text
+from orchard.eval.domains import DomainRow, domain_rows
 from orchard.eval.estimators import Interval
 from orchard.eval.matrix import RESAMPLES, SEED, MatrixRow, matrix_rows
 from orchard.eval.results import RESULTS_FILE, EvalResults, TaskResult, latest_by_task, read_results, read_trajectories
@@ -127,6 +128,33 @@ def build_matrices(runs: list[RunReport]) -> list[SuiteMatrix]:
     return matrices
 
 
+@dataclass
+class DomainMatrix:
+    """One domain's harness × model matrix (orchard.eval.domains): `cells` keyed by (harness, model) index."""
+
+    domain: str
+    harnesses: list[str]
+    models: list[str]
+    cells: dict[tuple[int, int], DomainRow]
+    k: int = 1
+
+    def color(self, row: DomainRow) -> str:
+        return MatrixCell(rate=row.resolve_rate, resolved=0, attempts=0, finished=0, errors=0, anchor="").color
+
+
+def domain_matrices(runs: list[RunReport]) -> list[DomainMatrix]:
+    """A harness × model matrix per domain, each cell a domain's tasks pooled over the suites run."""
+    rows = domain_rows([run.results for run in runs])
+    matrices = []
+    for domain in dict.fromkeys(row.domain for row in rows):
+        members = [row for row in rows if row.domain == domain]
+        harnesses = list(dict.fromkeys(row.harness for row in members))
+        models = list(dict.fromkeys(row.model for row in members))
+        cells = {(harnesses.index(row.harness), models.index(row.model)): row for row in members}
+        matrices.append(DomainMatrix(domain, harnesses, models, cells, max(row.k for row in members)))
+    return matrices
+
+
 def _harness_part(row: MatrixRow) -> str:
     config = row.config
     return json.dumps([config.harness, config.harness_version, config.harness_options,
@@ -152,7 +180,8 @@ def render_report(runs: list[RunReport], unrun: list[StudyCell] | None = None) -
     environment.globals.update(harness_options=_options_of(harness_options_text),
                                model_settings=_options_of(model_settings_text), suite_name=_of(suite_text))
     template = environment.from_string(files("orchard.eval").joinpath(TEMPLATE).read_text(encoding="utf-8"))
-    return template.render(runs=runs, matrices=build_matrices(runs), run_anchor=run_anchor,
+    return template.render(runs=runs, matrices=build_matrices(runs), domains=domain_matrices(runs),
+                           run_anchor=run_anchor,
                            task_row=_task_row, unrun=unrun or [], resamples=RESAMPLES, seed=SEED)
 
 

@@ -48,6 +48,9 @@ class EvalSettings(EvalConfig):
                                                        "a resumed run may ask for more")
     error_retries: int = Field(default=0, ge=0, description="rollouts per task a session may run to replace "
                                                            "errored ones")
+    task_domains: dict[str, str] = Field(default_factory=dict, description=(
+        "each selected task's domain (orchard.eval.domains: swe, claw, ...), for the matrix per domain; empty in "
+        "runs written before domains were recorded"))
 
     def config(self) -> EvalConfig:
         return EvalConfig.model_validate(self.model_dump(include=set(EvalConfig.model_fields)))

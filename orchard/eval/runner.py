@@ -43,6 +43,7 @@ from orchard.core.task import Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Agent, FinalMetrics, Outcome, Trajectory
 from orchard.eval.checkpoint import read_checkpoint, read_checkpoints, remove_checkpoint
+from orchard.eval.domains import task_domain
 from orchard.eval.in_sandbox import (backend_for_run, ensure_run_bundle, gateway_host, harness_bundle,
                                      with_run_gateway)
 from orchard.eval.local_gateway import LocalGateway
@@ -150,7 +151,8 @@ async def run_eval(*, harness: str, model: str, suite: str | Path | TaskSuite, o
                             pass_threshold=loaded.pass_threshold if pass_threshold is None else pass_threshold,
                             suite_path=None if isinstance(suite, TaskSuite) else str(suite),
                             task_ids=[task.id for task in tasks], parallel=parallel, attempts=attempts,
-                            error_retries=error_retries, user_model=user_model)
+                            error_retries=error_retries, user_model=user_model,
+                            task_domains={task.id: task_domain(task) for task in tasks})
     previous = read_results(out)
     previous_config = read_config(out)
     if previous is not None and previous_config is None:

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchard.eval.cells import harness_options_text, model_settings_text, suite_text
+from orchard.eval.domains import DomainRow
 from orchard.eval.estimators import PassK
 from orchard.eval.matrix import MatrixRow
 from orchard.eval.results import EvalResults, EvalSummary
@@ -139,6 +140,24 @@ def matrix_table(rows: list[MatrixRow], title: str = "harness × model") -> Tabl
                   f"{row.mean_tokens:,.0f}" if row.mean_tokens is not None else "-",
                   _seconds(row.mean_wall_s), versus_text(row)]
         table.add_row(*cells)
+    return table
+
+
+def domain_table(rows: list[DomainRow], title: str = "per domain: each harness with each model") -> Table:
+    """The matrix per domain (orchard.eval.domains): one row per domain × harness × model, the domain's tasks
+    pooled over the suites run; tasks and attempts, the resolve rate with its Wilson interval, and pass@k and
+    pass^k for every k up to the row's K."""
+    table = Table(title=title, title_justify="left")
+    for column, justify in (("domain", "left"), ("harness", "left"), ("model", "left"), ("suites", "left"),
+                            ("tasks", "right"), ("resolved", "right"), ("rate", "right"), ("95% CI", "right"),
+                            ("pass@k; pass^k", "left"), ("errors", "right")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for row in rows:
+        interval = row.interval
+        table.add_row(row.domain, row.harness, row.model, ", ".join(row.suites), str(row.finished),
+                      f"{row.resolved}/{row.attempts}", Text(rate_text(row.resolve_rate), style="bold"),
+                      f"{interval.low:.0%}–{interval.high:.0%}" if interval else "-",
+                      pass_k_text(row.pass_k) or "-", Text(str(row.errors), style="yellow" if row.errors else ""))
     return table
 
 
