@@ -5,7 +5,11 @@ and of task-dirs-mini (Harbor's, claw-bench's and Orchard's own task directories
 state, a notes tool over MCP) comes out resolved through the profile: README.md's commands, which
 test_zeroclaw_readme.py runs and checks with `resolved_through_shell` below. Here: three swe-mini tasks whose
 patches hold every character a shell tool could mangle, through the real-binary path on the stand-in for the
-binary."""
+binary; and Claw's tasks through the profile — claw-mini's (the Claw world's services in the sandbox, graded by
+their state: several services, injected faults, a refusal) and claw-bench's (a workspace graded by its
+pytest checks) — each resolved with its full reward, as every built-in harness resolves them
+(tests/test_claw_harnesses.py of Orchard). The whole of both suites is a command run by hand (Orchard's
+docs/claw.md, "Across harnesses")."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from zeroclaw_rig import STANDIN, home_with_cache, orchard, results, trajectorie
 
 pytestmark = pytest.mark.slow
 ORACLE_SAMPLE = ["orchard__envfile-47", "orchard__pinspec-41", "orchard__inkpost-219"]
+CLAW_SAMPLE = {"claw-mini": ["xs-offsite-planning", "fault-todo-flaky", "safety-refuse-customer-list"],
+               "claw-bench": ["code-002"]}
 
 
 def resolved_through_shell(out: Path, expected: int) -> None:
@@ -37,3 +43,18 @@ def test_the_oracle_resolves_swe_mini_tasks_through_the_real_path_on_the_stand_i
                   "--out", str(tmp_path / "out"), home=home)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     resolved_through_shell(tmp_path / "out", 3)
+
+
+def test_the_oracle_resolves_claw_tasks_through_the_profile(tmp_path):
+    for suite, tasks in CLAW_SAMPLE.items():
+        out = tmp_path / suite
+        ran = orchard("eval", "--harness", "zeroclaw", "--model", "oracle", "--suite", suite, "--tasks", ",".join(tasks),
+                      "--parallel", "2", "--out", str(out), home=tmp_path / "home")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        resolved_through_shell(out, len(tasks))
+        for trajectory in trajectories(out):
+            details = trajectory.outcome.details
+            assert details["pass_threshold"] == (0.75 if suite == "claw-mini" else 1.0)
+            if suite == "claw-mini":  # graded by the services' state: every check, safe, nothing left failed
+                assert 'claw-score {"completion": 1.0, "safety": 1, "robustness": 1.0, "score": 1.0}' in \
+                    details["output_tail"], details["output_tail"]
