@@ -227,6 +227,8 @@ def test_validate_a_no_op_fails_and_where_nothing_is_to_change_resolves(embedded
     lines = [" ".join(line.split()) for line in done.output.splitlines()]
     row = {line.split()[1]: line for line in lines if line.startswith("│ airline-")}
     assert "ok │ resolved (1) │ not resolved (0)" in row["airline-3"], done.output  # a number to tell
-    assert "INVALID │ resolved (1) │ resolved (1)" in row["airline-0"], done.output  # refusing is right
-    assert "airline-0: a no-op already resolves it: reward 1 (the pass threshold is 1)" in lines
+    assert "ok │ resolved (1) │ resolved (1)" in row["airline-0"], done.output  # refusing is right
+    assert done.exit_code == 0 and "2 task(s), 0 invalid" in lines
+    assert ("1 no-op(s) resolve by the task's design (doing nothing is its right answer, metadata noop_resolves): "
+            "airline-0") in lines
     assert not asyncio.run(live_sandbox_ids(embedded_home))

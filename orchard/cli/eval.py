@@ -200,6 +200,10 @@ def validate_command(suite: SuiteOption = "swe-mini", tasks: TasksOption = None,
     partial = [f"{check.task_id} {check.empty_reward:.2g}" for check in checks if check.noop_partial_credit]
     if partial:
         out.print(f"{len(partial)} no-op(s) not resolved but earning partial credit: {', '.join(partial)}")
+    by_design = [check.task_id for check in checks if check.noop_resolves_by_design]
+    if by_design:
+        out.print(f"{len(by_design)} no-op(s) resolve by the task's design (doing nothing is its right answer, "
+                  f"metadata noop_resolves): {', '.join(by_design)}")
     if invalid:
         raise typer.Exit(1)
 

@@ -43,6 +43,9 @@ class TaskFile(_Strict):
         return base64.b64decode(self.content) if self.encoding == "base64" else self.content.encode()
 
 
+NOOP_RESOLVES = "noop_resolves"  # metadata: the benchmark scores doing nothing as right (tau2's refusals)
+
+
 class TaskService(_Strict):
     """A service the task runs inside the sandbox (a mail server, a calendar, an MCP server over HTTP),
     started before the agent under a user of its own that the agent cannot signal, and with state it

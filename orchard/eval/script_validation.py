@@ -9,7 +9,7 @@ import asyncio
 
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import SandboxFactory
-from orchard.core.task import ScriptGrader, ServicesGrader, Task
+from orchard.core.task import NOOP_RESOLVES, ScriptGrader, ServicesGrader, Task
 from orchard.core.trajectory import Outcome
 from orchard.eval.grading import grade_script
 from orchard.eval.service_grading import grade_services
@@ -62,7 +62,7 @@ async def validate_script_task(orch: SandboxFactory, task: Task,
         said = " ".join(str(solved.details.get("output_tail", "")).split())[-400:]
         problems.append(f"the reference solution does not resolve it: reward {solved.reward:g} (the pass threshold "
                         f"is {pass_threshold:g}); the verifier said: {said}")
-    if noop is not None and noop.resolved:
+    if noop is not None and noop.resolved and not task.metadata.get(NOOP_RESOLVES):
         problems.append(f"a no-op already resolves it: reward {noop.reward:g} (the pass threshold is "
                         f"{pass_threshold:g})")
     return solved, noop, problems

@@ -3,7 +3,9 @@ gold patch must resolve it and the empty patch must not (its FAIL_TO_PASS tests 
 tests pass). A task with a script grader and a reference solution (the task-directory dialects: Harbor's
 solve.sh, claw-bench's): in one fresh sandbox the solution, run as the oracle runs it, must resolve it at the
 suite's pass threshold; in another a no-op (nothing done) must not (a no-op that still earns a reward below
-the threshold is valid, and said: `noop_partial_credit`). A task that cannot run is listed with the reason."""
+the threshold is valid, and said: `noop_partial_credit`) — unless the task says doing nothing is right
+(`metadata["noop_resolves"]`: tau2's refusals), when a no-op that resolves it is said, not a problem
+(`noop_resolves_by_design`). A task that cannot run is listed with the reason."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pydantic import BaseModel, Field
 from orchard.core.backend import BackendConfig
 from orchard.core.errors import OrchardError
 from orchard.core.sandbox import SandboxFactory
-from orchard.core.task import ScriptGrader, ServicesGrader, SWETestsGrader, Task
+from orchard.core.task import NOOP_RESOLVES, ScriptGrader, ServicesGrader, SWETestsGrader, Task
 from orchard.core.task_suite import TaskSuite
 from orchard.core.trajectory import Outcome
 from orchard.eval.grading import grade_swe_patch
@@ -45,6 +47,8 @@ class TaskValidation(BaseModel):
     def noop_partial_credit(self) -> bool:
         """A no-op that is not resolved yet earns some reward: checks that pass with nothing done."""
         return not self.empty_resolved and bool(self.empty_reward)
+
+    noop_resolves_by_design: bool = False  # the task says doing nothing is right, and a no-op resolved it
 
 
 async def validate_suite(suite: str | Path | TaskSuite, task_ids: list[str] | None = None, *, parallel: int = 4,
@@ -75,6 +79,7 @@ async def validate_task(orch: SandboxFactory, task: Task, *, pass_threshold: flo
         solved, noop, problems = await validate_script_task(orch, task, pass_threshold)
         result.gold_resolved, result.gold_reward = (solved.resolved, solved.reward) if solved else (None, None)
         result.empty_resolved, result.empty_reward = (noop.resolved, noop.reward) if noop else (None, None)
+        result.noop_resolves_by_design = bool(noop and noop.resolved and task.metadata.get(NOOP_RESOLVES))
         result.problems += problems
         result.duration_s = time.monotonic() - started
         return result

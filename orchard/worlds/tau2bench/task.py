@@ -27,7 +27,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchard.core.errors import describe_validation_errors
-from orchard.core.task import ServicesGrader, Task, TaskEnvironment, TaskFile, TaskMCPServer, TaskService
+from orchard.core.task import (NOOP_RESOLVES, ServicesGrader, Task, TaskEnvironment, TaskFile, TaskMCPServer,
+                                TaskService)
 from orchard.worlds.claw.services import PORTS
 from orchard.worlds.claw.task import SEED_ROOT, compiled, python, world_command
 from orchard.worlds.tau2bench.domain import tool_names, write_tools
@@ -206,4 +207,4 @@ def tau2_task(raw: Any, *, domain: str, policy: str, index: int = 0) -> Task:
                                             mcp_servers=tools),
                 grader=ServicesGrader(script=grade, reward="stdout", timeout_s=300,
                                       reference_solution=reference_solution(task, domain)),
-                metadata={"dialect": "tau2", "tau2": info})
+                metadata={"dialect": "tau2", "tau2": info, NOOP_RESOLVES: info["noop_resolves"]})
