@@ -14,32 +14,69 @@ five of its fourteen domains (mail and calendar as JSON files, a web page, data,
 run by hand (docs/claw.md, "Across harnesses", with its result); zeroclaw's runs are in its own distribution's
 tests (adapters/zeroclaw/tests/test_zeroclaw_oracle.py). Also fast: the oracle does not take a task's own
 tool named like a submit tool (the todo service's `complete_task(task_id)`, which kimi-cli offers under its
-bare name) for the harness's way to end the run."""
+bare name) for the harness's way to end the run; and docs/claw.md's `claw-harnesses` block is those runs —
+every harness with the oracle on both suites, with the options the tests run — and the report over them."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
+from orchard.cli.eval import _harness_options
 from orchard.eval.models import eval_gateway_config
 from orchard.eval.runner import run_eval
 from orchard.policies.tool_specs import find_submit_tool, tool_specs
 from orchard.worlds.claw.services import service_class
+from tests import doc_blocks
 from tests.in_sandbox_harness_rig import run_trajectories
 from tests.running_server import live_sandbox_ids
 from tests.test_harness_cli import documented_options
 
-# (harness, the bundles it needs, its options, claw-mini tasks, claw-bench tasks): each kind of task somewhere
+PAGE = doc_blocks.ROOT / "docs" / "claw.md"
+HARNESS_NAMES = ["react", "mini-swe-agent", "cli", "kimi-cli", "openhands", "zeroclaw"]
+# (harness, the bundles it needs, claw-mini tasks, claw-bench tasks): each kind of task somewhere
 HARNESSES = [
-    pytest.param("react", (), {}, ["xs-offsite-planning", "safety-refuse-customer-list", "mail-smtp-status"],
+    pytest.param("react", (), ["xs-offsite-planning", "safety-refuse-customer-list", "mail-smtp-status"],
                  ["eml-001", "web-001"], id="react"),
-    pytest.param("mini-swe-agent", (), {}, ["fault-todo-flaky", "safety-ask-which-john", "xs-follow-ups"],
+    pytest.param("mini-swe-agent", (), ["fault-todo-flaky", "safety-ask-which-john", "xs-follow-ups"],
                  ["cal-001", "data-001"], id="mini-swe-agent"),
     # the in-sandbox harnesses take several seconds a task: one or two each
-    pytest.param("cli", ("mini-swe-agent",), "documented", ["fault-calendar-slow"], ["code-002"], id="cli",
-                 marks=pytest.mark.slow),
-    pytest.param("kimi-cli", ("kimi-cli",), {}, ["todo-complete-and-drop"], [], id="kimi-cli", marks=pytest.mark.slow),
-    pytest.param("openhands", ("openhands",), {}, ["mail-smtp-status"], [], id="openhands", marks=pytest.mark.slow),
+    pytest.param("cli", ("mini-swe-agent",), ["fault-calendar-slow"], ["code-002"], id="cli", marks=pytest.mark.slow),
+    pytest.param("kimi-cli", ("kimi-cli",), ["todo-complete-and-drop"], [], id="kimi-cli", marks=pytest.mark.slow),
+    pytest.param("openhands", ("openhands",), ["mail-smtp-status"], [], id="openhands", marks=pytest.mark.slow),
 ]
+
+
+def documented_runs() -> dict[tuple[str, str], list[str]]:
+    """(harness, suite) -> the words of its `orchard eval` line in claw.md's `claw-harnesses` block."""
+    ((_, code, _),) = doc_blocks.of_kind(PAGE, "claw-harnesses")
+    runs = {}
+    for words in map(shlex.split, code.splitlines()):
+        if words[:2] == ["orchard", "eval"]:
+            runs[words[words.index("--harness") + 1], words[words.index("--suite") + 1]] = words
+    return runs
+
+
+def documented_harness_options(harness: str, suite: str) -> dict[str, object]:
+    words = documented_runs()[harness, suite]
+    return _harness_options([words[i + 1] for i, word in enumerate(words) if word == "--harness-option"])
+
+
+def test_the_pages_commands_are_every_harness_on_both_suites_with_the_oracle():
+    ((_, code, line),) = doc_blocks.of_kind(PAGE, "claw-harnesses")
+    for text in code.splitlines():
+        doc_blocks.check_orchard_line(shlex.split(text), f"claw.md:{line}: {text!r}")
+    runs = documented_runs()
+    assert sorted(runs) == sorted((harness, suite) for harness in HARNESS_NAMES for suite in ("claw-mini", "claw-bench"))
+    for (harness, suite), words in runs.items():
+        assert words[words.index("--model") + 1] == "oracle" and words[words.index("--out") + 1] == \
+            f"runs/xh/{harness}-{suite}"
+        # cli is mini-swe-agent's `mini` as docs/harnesses.md runs it; the others take no options
+        assert documented_harness_options(harness, suite) == (documented_options() if harness == "cli" else {})
+    (report,) = [text for text in code.splitlines() if text.startswith("orchard report")]
+    assert all(f"runs/xh/{harness}-" in " ".join(runs[harness, "claw-mini"]) for harness in HARNESS_NAMES)
+    assert "--out runs/xh/report.html" in report
 
 
 @pytest.fixture(scope="module")
@@ -48,22 +85,19 @@ def claw_home(tmp_path_factory, session_bundles):
     return session_bundles.home(tmp_path_factory.mktemp("claw-harnesses-home"))
 
 
-async def run(harness: str, options, suite: str, tasks: list[str], out):
-    return await run_eval(harness=harness, model="oracle", suite=suite, task_ids=tasks, out_dir=out, parallel=2,
-                          gateway_config=eval_gateway_config("oracle"), backend="local",
-                          harness_options=documented_options() if options == "documented" else options)
-
-
-@pytest.mark.parametrize("harness, bundles, options, mini, bench", HARNESSES)
-async def test_the_oracle_resolves_claw_tasks_through_each_harness(harness, bundles, options, mini, bench, claw_home,
+@pytest.mark.parametrize("harness, bundles, mini, bench", HARNESSES)
+async def test_the_oracle_resolves_claw_tasks_through_each_harness(harness, bundles, mini, bench, claw_home,
                                                                    session_bundles, monkeypatch, tmp_path):
+    """The page's command of each harness and suite, on the tasks named here."""
     monkeypatch.setenv("ORCHARD_HOME", str(claw_home))
     session_bundles.build(*bundles)
     for suite, tasks, threshold in (("claw-mini", mini, 0.75), ("claw-bench", bench, 1.0)):
         if not tasks:
             continue
         out = tmp_path / suite
-        results = await run(harness, options, suite, tasks, out)
+        results = await run_eval(harness=harness, model="oracle", suite=suite, task_ids=tasks, out_dir=out,
+                                 parallel=2, gateway_config=eval_gateway_config("oracle"), backend="local",
+                                 harness_options=documented_harness_options(harness, suite))
         assert {(row.task_id, row.status, row.reward) for row in results.tasks} == {
             (task_id, "resolved", 1.0) for task_id in tasks}, [(row.task_id, row.error) for row in results.tasks]
         assert results.settings.task_domains == {task_id: "claw" for task_id in tasks}

@@ -5,12 +5,14 @@ a model only) that works through the mail service's MCP tools as react offers th
 — both resolved by the services' state. One SFT step of the random tiny Qwen3 trains on them as they are, and
 one on them translated into ZeroClaw's dialect (the orchard-zeroclaw plug-in): an MCP tool call and its result
 survive into the training rows either way — react's as its function call, mini-swe-agent's as its shell
-command, ZeroClaw's as the `mcp-call` command its shell runs — never dropped."""
+command, ZeroClaw's as the `mcp-call` command its shell runs — never dropped. The two steps are the `train sft`
+lines of docs/claw.md's `claw-train` block."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -24,12 +26,13 @@ from orchard.recipes.common.examples import IGNORE_INDEX, build_examples
 from orchard.recipes.common.tiny_models import smollm2_tokenizer
 from orchard.recipes.translate.trajectory import translate_trajectory
 from orchard.sandbox.client import AsyncOrchard
+from tests import doc_blocks
 from tests.harness_rig import tool_calls
 from tests.recipes.sft_rig import tiny_model_dir
 from tests.recipes.test_translate import SCRIPTED, scripted_config
 from tests.running_server import remove_live_sandboxes
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]  # torch; real sandboxes
+pytestmark = pytest.mark.model  # torch
 
 TASK = "mail-reply-budget"
 REPLY = "Hi Carol, the Q2 budget is approved. Sam"
@@ -82,6 +85,7 @@ def trained_and_seen(trajectories, tokenizer) -> tuple[str, str]:
     return trained, seen
 
 
+@pytest.mark.slow
 def test_mcp_calls_and_results_survive_into_the_rows_as_recorded_and_translated_into_zeroclaw(claw_runs):
     tokenizer = smollm2_tokenizer()
     react_run, mini_run = claw_runs
@@ -107,13 +111,35 @@ def test_mcp_calls_and_results_survive_into_the_rows_as_recorded_and_translated_
     assert '"subject": "Re: Q2 budget: approval needed"' in seen  # its result, as ZeroClaw's shell shows it
 
 
-def test_one_sft_step_on_claw_rollouts_as_recorded_and_in_zeroclaws_dialect(claw_runs, tmp_path, torch_one_thread):
+def documented_lines() -> list[list[str]]:
+    """docs/claw.md's `claw-train` block, each line split as the shell splits it."""
+    ((_, code, _),) = doc_blocks.of_kind(doc_blocks.ROOT / "docs" / "claw.md", "claw-train")
+    return [shlex.split(line) for line in code.splitlines() if line.strip()]
+
+
+def test_every_line_of_the_pages_training_block_parses():
+    for words in documented_lines():
+        doc_blocks.check_orchard_line(words, f"claw.md claw-train: {shlex.join(words)}")
+
+
+@pytest.mark.slow
+def test_the_pages_sft_lines_train_a_step_as_recorded_and_in_zeroclaws_dialect(claw_runs, tmp_path,
+                                                                                torch_one_thread):
+    """The page's `train sft` lines as written, but for paths: its runs are these, its student (the exported
+    SmolLM2 of the `export-smollm2` line, which needs the model's weights) the tiny random model."""
     model = tiny_model_dir(tmp_path / "tiny")
     react_run, mini_run = claw_runs
-    for name, extra in (("as-recorded", []), ("zeroclaw", ["--target-harness", "zeroclaw"])):
-        out = tmp_path / name
-        done = cli.invoke(app, ["train", "sft", str(react_run), str(mini_run), "--model", str(model), "--out", str(out),
-                                "--max-steps", "1", "--grad-accum", "1", "--credit-suite", "claw-mini", *extra])
+    lines = documented_lines()
+    assert lines[0][:3] == ["orchard", "train", "export-smollm2"]
+    places = {"runs/xh/react-claw-mini": str(react_run), "runs/xh/mini-swe-agent-claw-mini": str(mini_run),
+              lines[0][3]: str(model)}
+    sft = [words for words in lines if words[1:3] == ["train", "sft"]]
+    assert len(sft) == 2 and ["--target-harness", "zeroclaw"] == sft[1][-6:-4]
+    for words in sft:
+        out = tmp_path / words[words.index("--out") + 1]
+        args = [places.get(word, word) for word in words[1:]]
+        args[args.index("--out") + 1] = str(out)
+        done = cli.invoke(app, args)
         assert done.exit_code == 0, done.output
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["data"]["examples"] >= 6 and [s["step"] for s in metrics["steps"]] == [1], metrics["data"]
