@@ -15,6 +15,8 @@ import json
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -27,11 +29,13 @@ from orchard.eval.dialects.tau2_bench import load_tau2_tasks
 from orchard.eval.load_errors import LOAD_ERROR_KEY
 from orchard.eval.packaged_suites import PACKAGED_SUITES, TAU2_AIRLINE, packaged_suite_dir
 from orchard.eval.suites import available_suites, load_suite
+from orchard.worlds.claw.http_client import HttpError, request
+from orchard.worlds.claw.http_server import ADMIN_HEADER, ADMIN_TOKEN_FILE, serve
 from orchard.worlds.tau2bench.grade import communicated, grade
 from orchard.worlds.tau2bench.service import Tau2Domain
 from orchard.worlds.tau2bench.task import RUN_PY, Tau2TaskError, read_task
 from tests import doc_blocks
-from tests.running_server import live_sandbox_ids
+from tests.running_server import free_port, live_sandbox_ids
 
 PAGE = doc_blocks.ROOT / "docs" / "claw.md"
 # tasks whose gold actions change nothing (reads, a transfer to a human) with nothing to tell: tau2's
@@ -173,6 +177,25 @@ def test_the_gold_replay_grades_the_database_and_a_wrong_action_fails_it(tmp_pat
     assert reward == 0.0 and lines[0].startswith("FAIL  DB: the database after the agent differs"), lines
     service.reset()  # a fresh database, the audit emptied
     assert not service.calls and service.environment.get_db_hash() == fresh
+
+
+def test_the_database_is_the_graders_the_agent_gets_a_403_for_the_whole_state(tmp_path):
+    service = Tau2Domain({"domain": "airline"}, state_dir=str(tmp_path))
+    port = free_port()
+    threading.Thread(target=serve, args=(service, port), daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(500):  # until it listens
+        try:
+            request(url + "/health")
+            break
+        except HttpError:
+            time.sleep(0.01)
+    status, answer = request(url + "/state")
+    assert status == 403 and "state is the grader's" in answer["error"]
+    token = (tmp_path / ADMIN_TOKEN_FILE).read_text().strip()
+    status, answer = request(url + "/state", headers={ADMIN_HEADER: token})
+    assert status == 200 and answer["db_hash"] == service.environment.get_db_hash() and "users" in answer["db"]
+    assert request(url + "/get_user_details", "POST", {"user_id": "noah_muller_9847"})[0] == 200  # tools: open
 
 
 def test_communicate_is_taus_substring_rule_with_commas_dropped():

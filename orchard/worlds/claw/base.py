@@ -212,6 +212,9 @@ class Service:
 
     name = "service"
     description = ""
+    # GET /state needs the admin token: the agent may see only what the tools show (tau2's database holds
+    # every customer), not the whole store. The Claw services' state is the user's own data: open.
+    private_state = False
 
     def __init__(self, seed: dict, *, now: str = DEFAULT_NOW, user: dict | None = None,
                  faults: FaultPlan | None = None, state_dir: str | None = None) -> None:

@@ -87,7 +87,7 @@ class Handler:
         body = self.rfile.read(length) if length else b""
         path = target.split("?", 1)[0].rstrip("/") or "/"
         if method in ("GET", "HEAD"):
-            status, answer, extra = self._get(path)
+            status, answer, extra = self._get(path, headers)
         elif method == "POST":
             status, answer, extra = self._post(path, headers, body)
         else:
@@ -95,8 +95,11 @@ class Handler:
         self._answer(status, answer, extra, close=not keep, head=method == "HEAD")
         return keep
 
-    def _get(self, path: str):
+    def _get(self, path: str, headers: dict):
         service = self.service
+        if path == "/state" and service.private_state and headers.get(ADMIN_HEADER.lower(), "") != self.admin_token:
+            return 403, {"error": f"the {service.name} service's state is the grader's: act and look through its "
+                                  "tools (GET /tools)"}, {}
         if path == "/health":
             return 200, {"ok": True, "service": service.name}, {}
         if path == "/":

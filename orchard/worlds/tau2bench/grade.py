@@ -18,7 +18,9 @@ import os
 import sys
 
 from ..claw.base import STATE_FILE
-from ..claw.grade import GradeError, fetch, service_url
+from ..claw.grade import TIMEOUT_S, GradeError, fetch, service_url
+from ..claw.http_client import HttpError, request
+from ..claw.http_server import ADMIN_HEADER, ADMIN_TOKEN_FILE
 from .domain import fresh_environment
 
 GRADED = ("DB", "COMMUNICATE")
@@ -36,11 +38,27 @@ def agent_hash(service: str, environ=None) -> str:
                 found = json.load(f).get("db_hash")
         except (OSError, ValueError) as exc:
             raise GradeError(f"the {service} service's state file cannot be read: {exc}") from None
-    else:
-        found = fetch(service_url(service, environ).rstrip("/") + "/state").get("db_hash")
+    else:  # nothing changed it yet: ask the service, with the admin token its state directory holds
+        found = _private_state(service, directory, environ).get("db_hash")
     if not isinstance(found, str):
         raise GradeError(f"the {service} service gave no database hash")
     return found
+
+
+def _private_state(service: str, directory: str | None, environ) -> dict:
+    url = service_url(service, environ).rstrip("/") + "/state"
+    try:
+        with open(os.path.join(directory or "", ADMIN_TOKEN_FILE), encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise GradeError(f"the {service} service's admin token cannot be read: {exc}") from None
+    try:
+        status, answer = request(url, headers={ADMIN_HEADER: token}, timeout=TIMEOUT_S)
+    except HttpError as exc:
+        raise GradeError(str(exc)) from None
+    if status != 200 or not isinstance(answer, dict):
+        raise GradeError(f"GET {url} answered {status}: {str(answer)[:200]}")
+    return answer
 
 
 def gold_hash(domain: str, actions: list) -> tuple:

@@ -24,6 +24,7 @@ from .domain import DOMAINS, fresh_environment
 class Tau2Domain(Service):
     name = "airline"
     description = "The airline's reservation system (tau2-bench's airline domain)."
+    private_state = True  # tau2's agent sees the database only through its tools
 
     def state_from_seed(self, seed: dict) -> dict:
         f = Fields(seed, "tau2 seed", ("domain",))
@@ -54,7 +55,7 @@ class Tau2Domain(Service):
     def describe(self) -> dict:
         return {"service": self.name, "description": self.description,
                 "actions": {name: spec["description"] for name, spec in self._tools.items()},
-                "endpoints": ["GET /health", "GET /tools", "GET /state", "GET /audit", "POST /reset",
+                "endpoints": ["GET /health", "GET /tools", "GET /state (the grader's)", "GET /audit", "POST /reset",
                               "POST /<tool> with a JSON object of arguments"]}
 
     def call(self, name: str, arguments, via: str = "http"):
