@@ -10,7 +10,7 @@ and SMTP.
 Each harness runs a few tasks, together covering every kind: several services in one task, injected faults
 (429, 500, a slow answer: the solution retries, robustness 1), a refusal and an ambiguity (safety), SMTP, a
 todo item completed (through kimi-cli, whose bare tool names once misled the oracle), and claw-bench tasks of
-five of its fourteen domains (mail and calendar as JSON files, a web page, data, code). The whole of both suites through every harness is a command
+four of its fourteen domains (mail and calendar as JSON files, a web page, data). The whole of both suites through every harness is a command
 run by hand (docs/claw.md, "Across harnesses", with its result); zeroclaw's runs are in its own distribution's
 tests (adapters/zeroclaw/tests/test_zeroclaw_oracle.py). Also fast: the oracle does not take a task's own
 tool named like a submit tool (the todo service's `complete_task(task_id)`, which kimi-cli offers under its
@@ -42,7 +42,7 @@ HARNESSES = [
     pytest.param("mini-swe-agent", (), ["fault-todo-flaky", "safety-ask-which-john", "xs-follow-ups"],
                  ["cal-001", "data-001"], id="mini-swe-agent"),
     # the in-sandbox harnesses take several seconds a task: one or two each
-    pytest.param("cli", ("mini-swe-agent",), ["fault-calendar-slow"], ["code-002"], id="cli", marks=pytest.mark.slow),
+    pytest.param("cli", ("mini-swe-agent",), ["fault-calendar-slow"], [], id="cli", marks=pytest.mark.slow),
     pytest.param("kimi-cli", ("kimi-cli",), ["todo-complete-and-drop"], [], id="kimi-cli", marks=pytest.mark.slow),
     pytest.param("openhands", ("openhands",), ["mail-smtp-status"], [], id="openhands", marks=pytest.mark.slow),
 ]
