@@ -51,10 +51,14 @@ class MatrixCell:
 
     @property
     def color(self) -> str:
-        """Red (0 %) through yellow to green (100 %); grey when nothing finished."""
-        if self.rate is None:
-            return "#e5e7eb"
-        return f"hsl({self.rate * 120:.0f}, 70%, 78%)"
+        return rate_color(self.rate)
+
+
+def rate_color(rate: float | None) -> str:
+    """Red (0 %) through yellow to green (100 %); grey when nothing finished."""
+    if rate is None:
+        return "#e5e7eb"
+    return f"hsl({rate * 120:.0f}, 70%, 78%)"
 
 
 @dataclass
@@ -138,9 +142,6 @@ class DomainMatrix:
     cells: dict[tuple[int, int], DomainRow]
     k: int = 1
 
-    def color(self, row: DomainRow) -> str:
-        return MatrixCell(rate=row.resolve_rate, resolved=0, attempts=0, finished=0, errors=0, anchor="").color
-
 
 def domain_matrices(runs: list[RunReport]) -> list[DomainMatrix]:
     """A harness × model matrix per domain, each cell a domain's tasks pooled over the suites run."""
@@ -176,7 +177,8 @@ def render_report(runs: list[RunReport], unrun: list[StudyCell] | None = None) -
                                      lstrip_blocks=True)
     environment.filters.update(content_text=content_text, clip=clip, as_json=as_json, seconds=seconds,
                                percent=percent, interval=interval_text, number=number, versus=versus_text,
-                               startup=startup_filter, pass_at=pass_at, pass_hat=pass_hat, reward=reward_text)
+                               startup=startup_filter, pass_at=pass_at, pass_hat=pass_hat, reward=reward_text,
+                               rate_color=rate_color)
     environment.globals.update(harness_options=_options_of(harness_options_text),
                                model_settings=_options_of(model_settings_text), suite_name=_of(suite_text))
     template = environment.from_string(files("orchard.eval").joinpath(TEMPLATE).read_text(encoding="utf-8"))
