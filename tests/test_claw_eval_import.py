@@ -357,3 +357,19 @@ def test_validate_and_the_oracle_run_claw_eval_tasks_end_to_end_one_with_a_judge
     assert "<answer>\n[orchard oracle]" in asked["messages"][1]["content"]
     assert len(outcomes["T901_judged"]["details"]["judge_calls"]) == 1
     assert not asyncio.run(live_sandbox_ids(embedded_home))
+
+
+def test_the_final_text_is_what_the_agent_said_and_its_own_submit_never_a_tasks_tool():
+    from orchard.core.trajectory import Agent, Step, ToolCall, Trajectory
+    from orchard.eval.final_text import final_text
+
+    def agent_step(step_id: int, message: str, name: str, arguments: dict) -> Step:
+        return Step(step_id=step_id, source="agent", message=message,
+                    tool_calls=[ToolCall(tool_call_id=f"c{step_id}", function_name=name, arguments=arguments)])
+
+    trajectory = Trajectory(agent=Agent(name="react", version="1"), steps=[
+        Step(step_id=1, source="user", message="Do it."),
+        agent_step(2, "", "submit", {"summary": "The report: CVE-2021-44228."}),
+        agent_step(3, "", "todo__complete_task", {"task_id": "t1"})])
+    assert final_text(trajectory) == "The report: CVE-2021-44228."  # the todo action is no answer
+    assert final_text(None) == ""

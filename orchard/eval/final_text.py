@@ -26,7 +26,8 @@ def final_text(trajectory: Trajectory | None) -> str:
             continue
         parts = [_text(step.message).strip()]
         for call in step.tool_calls:
-            if call.function_name.lower().rsplit("__", 1)[-1] in SUBMIT_TOOL_NAMES:
+            # the harness's own submit only: a task's MCP tool (`todo__complete_task`) is an action, not an answer
+            if call.function_name.lower() in SUBMIT_TOOL_NAMES:
                 parts += [value.strip() for value in call.arguments.values() if isinstance(value, str)]
         text = "\n".join(part for part in parts if part)
         if text:
