@@ -176,7 +176,8 @@ async def test_on_kubernetes_the_pod_reaches_the_runs_gateway_at_the_node_addres
 
 async def test_an_in_sandbox_harness_is_refused_where_the_run_cannot_give_it_the_gateway(probe, tmp_path, scripted):
     async with AsyncOrchard(home=probe) as orchard:
-        with pytest.raises(InvalidRequest, match="in-sandbox harness needs sandboxes that reach this run's"):
+        with pytest.raises(InvalidRequest, match=r"in-sandbox harness \(or a task's simulated user\) needs sandboxes "
+                                                 "that reach this run's"):
             await run_eval(harness=PROBE, model=SCRIPTED, suite=_suite(), out_dir=tmp_path / "a",
                            gateway_config=scripted_config(scripted), orchard_client=orchard)
     with pytest.raises(InvalidRequest, match="unknown harness bundle 'no-such-bundle'"):

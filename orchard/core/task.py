@@ -43,6 +43,8 @@ class TaskFile(_Strict):
         return base64.b64decode(self.content) if self.encoding == "base64" else self.content.encode()
 
 
+MCP_DIR = "/tmp/.orchard-mcp"  # where a task's MCP tools are installed in its sandbox (harnesses/mcp/install.py)
+MCP_CALL_PATH = f"{MCP_DIR}/mcp-call"  # the command that calls one of them (shell forms write McpCall with it)
 NOOP_RESOLVES = "noop_resolves"  # metadata: the benchmark scores doing nothing as right (tau2's refusals)
 
 

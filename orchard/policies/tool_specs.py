@@ -78,7 +78,7 @@ def find_shell_tool(specs: list[ToolSpec]) -> ShellTool | None:
 # anything else belongs to the task, not to the harness: the Claw world's todo service's `complete_task(task_id)`,
 # which kimi-cli offers under its bare name, marks a todo item done and does not end the run.
 SUBMIT_ARGUMENTS = frozenset({"summary", "message", "result", "answer", "final_answer", "output", "text", "content",
-                              "response", "reason", "explanation", "status"})
+                              "response", "reason", "explanation", "status", "note"})
 
 
 def find_submit_tool(specs: list[ToolSpec]) -> ToolSpec | None:

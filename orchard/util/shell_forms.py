@@ -24,7 +24,7 @@ import posixpath
 import shlex
 
 from orchard.core.actions import Action, Create, Edits, Insert, McpCall, Replace, Shell, Submit, View
-from orchard.harnesses.mcp.install import MCP_CALL_PATH
+from orchard.core.task import MCP_CALL_PATH
 
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 # a directory's listing: its entries two levels deep, hidden ones pruned below it

@@ -13,10 +13,8 @@ from typing import Any
 
 from orchard.core.errors import InvalidRequest
 from orchard.core.sandbox import Sandbox
-from orchard.core.task import Task
+from orchard.core.task import MCP_CALL_PATH, MCP_DIR, Task
 
-MCP_DIR = "/tmp/.orchard-mcp"
-MCP_CALL_PATH = f"{MCP_DIR}/mcp-call"
 MCP_CONFIG_PATH = f"{MCP_DIR}/servers.json"
 MCP_SERVERS_ENV = "ORCHARD_MCP_SERVERS"  # the servers as JSON (mcp-call reads it)
 MCP_CONFIG_ENV = "ORCHARD_MCP_CONFIG"  # the config file's path
