@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
-from .grade import COMPLETION_WEIGHT, ROBUSTNESS_WEIGHT, GradeError, fetch, robustness
+from .grade import COMPLETION_WEIGHT, ROBUSTNESS_WEIGHT, GradeError, fetch, robustness, run_grader
 
 FINAL_TEXT_ENV = "ORCHARD_FINAL_TEXT"
 
@@ -104,15 +103,5 @@ def grade(spec: dict, text: str, calls: list) -> tuple:
 
 def main(text: str, environ=None) -> int:
     environ = os.environ if environ is None else environ
-    try:
-        try:
-            spec = json.loads(text)
-        except ValueError as exc:
-            raise GradeError(f"the scoring is not JSON: {exc}") from None
-        score, lines = grade(spec, environ.get(FINAL_TEXT_ENV, ""), audited_calls(spec))
-    except GradeError as exc:
-        print(f"claw-eval grader: {exc}", file=sys.stderr, flush=True)
-        return 3
-    print("\n".join(lines))
-    print(score, flush=True)
-    return 0
+    return run_grader("claw-eval", "scoring", text,
+                      lambda spec: grade(spec, environ.get(FINAL_TEXT_ENV, ""), audited_calls(spec)))

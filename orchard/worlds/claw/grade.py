@@ -128,19 +128,24 @@ def grade(spec: dict, world: dict) -> tuple:
     return score, lines
 
 
-def main(text: str, environ=None) -> int:
+def run_grader(name: str, what: str, text: str, score) -> int:
+    """A grader's command: `text` (the JSON of `what` it grades by) given to `score(spec) -> (score, lines)`;
+    the lines, then the score last. A GradeError is the grader's own failure: said on stderr, exit status 3."""
     try:
         try:
             spec = json.loads(text)
         except ValueError as exc:
-            raise GradeError(f"the checks are not JSON: {exc}") from None
+            raise GradeError(f"the {what} are not JSON: {exc}") from None
         if not isinstance(spec, dict):
-            raise GradeError("the checks must be a JSON object")
-        world = snapshot(spec.get("services", []), environ)
-        score, lines = grade(spec, world)
+            raise GradeError(f"the {what} must be a JSON object")
+        reward, lines = score(spec)
     except GradeError as exc:
-        print(f"claw grader: {exc}", file=sys.stderr, flush=True)
+        print(f"{name} grader: {exc}", file=sys.stderr, flush=True)
         return 3
     print("\n".join(lines))
-    print(score, flush=True)
+    print(reward, flush=True)
     return 0
+
+
+def main(text: str, environ=None) -> int:
+    return run_grader("claw", "checks", text, lambda spec: grade(spec, snapshot(spec.get("services", []), environ)))

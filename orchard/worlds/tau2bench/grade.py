@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from ..claw.base import STATE_FILE
-from ..claw.grade import TIMEOUT_S, GradeError, fetch, service_url
+from ..claw.grade import TIMEOUT_S, GradeError, fetch, run_grader, service_url
 from ..claw.http_client import HttpError, request
 from ..claw.http_server import ADMIN_HEADER, ADMIN_TOKEN_FILE
 from .domain import fresh_environment
@@ -115,17 +114,9 @@ def grade(criteria: dict, environ=None) -> tuple:
 
 
 def main(text: str, environ=None) -> int:
-    try:
-        try:
-            criteria = json.loads(text)
-        except ValueError as exc:
-            raise GradeError(f"the criteria are not JSON: {exc}") from None
-        if not isinstance(criteria, dict) or "domain" not in criteria:
+    def score(criteria: dict) -> tuple:
+        if "domain" not in criteria:
             raise GradeError("the criteria must be a JSON object naming the domain")
-        reward, lines = grade(criteria, environ)
-    except GradeError as exc:
-        print(f"tau2 grader: {exc}", file=sys.stderr, flush=True)
-        return 3
-    print("\n".join(lines))
-    print(reward, flush=True)
-    return 0
+        return grade(criteria, environ)
+
+    return run_grader("tau2", "criteria", text, score)
